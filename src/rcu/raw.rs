@@ -1,0 +1,388 @@
+//! The grace-period protocol: reader records and `synchronize`.
+//!
+//! This is the unsafe-free core that loom models directly (`tests/loom.rs`
+//! builds a private [`Domain`]); `rcu/mod.rs` puts a thread-local cache and
+//! a process-wide domain in front of it.
+//!
+//! # The protocol
+//!
+//! A [`Domain`] holds one global word `gp`, laid out as
+//! `epoch << NEST_BITS | 1`, and a lock-free, append-only list of
+//! [`Record`]s, one claimed by each reader thread.
+//!
+//! Each record holds one word `ctr` that only its owner writes:
+//! `epoch << NEST_BITS | nesting`. `nesting == 0` means the thread is
+//! outside any read-side critical section (quiescent).
+//!
+//! * **enter** (outermost): `ctr = gp` (one load, one plain store: nesting
+//!   becomes 1 and the epoch is the current one), then a *compiler* fence
+//!   (asymmetric mode) or a `SeqCst` fence (symmetric mode).
+//!   **enter** (nested): `ctr = ctr + 1`.
+//! * **exit**: `ctr = ctr - 1`, a `Release` store when nesting drops to 0.
+//!
+//! No read-modify-write, no fence in asymmetric mode, and the only shared
+//! line written is the reader's own record. Each step is a single store of a
+//! value computed from a single load of the thread's own word, so a signal
+//! handler that nests a critical section between the load and the store
+//! leaves the word exactly as it found it: the read side is async-signal-safe.
+//!
+//! * **synchronize** (serialised by `gp_lock`):
+//!   1. `heavy_barrier()`: `membarrier(PRIVATE_EXPEDITED)` or a `SeqCst` fence.
+//!      Pairs with the fence at *enter*: for every reader, either its `ctr`
+//!      store is visible to the scan below, or every load it makes after
+//!      *enter* sees the updater's stores made before `synchronize` (the
+//!      store-buffering pattern, forbidden with a fence on both sides;
+//!      `membarrier` runs that fence on the reader's CPU by IPI).
+//!   2. `gp += 1 epoch`, a `Release` store; readers load `gp` with `Acquire`,
+//!      so a reader that sees the new epoch also sees every store the updater
+//!      made before `synchronize`: such a reader cannot hold an old pointer,
+//!      and the scan may skip it.
+//!   3. For every record, wait while `ctr` is active with an epoch other than
+//!      the new one (`Acquire` loads, pairing with the `Release` at *exit*:
+//!      everything the reader read inside its section happens-before the
+//!      caller frees anything).
+//!
+//! **Invariant (grace period).** When `synchronize` returns, every read-side
+//! critical section that was running when it was called has ended.
+//! Readers that began later either published an epoch the scan accepts
+//! (they saw the new `gp`, hence the updater's stores) or were invisible to
+//! the scan (then step 1 guarantees they see the updater's stores).
+//!
+//! A reader that read a stale `gp` merely makes the scan wait for it until it
+//! exits: conservative, never unsafe. A thread that enters and exits at a high
+//! rate cannot starve the scan: each new section loads the new epoch once the
+//! store is visible.
+//!
+//! Epochs are 48 bits wide: a wrap needs 2^48 grace periods while one reader
+//! stays inside a single section, which cannot happen in practice; the scan
+//! compares for equality only, so a wrap could at worst make it wait longer.
+
+use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Ordering, backoff, fence};
+
+/// Bits of `ctr` that count nesting.
+pub(crate) const NEST_BITS: u32 = 16;
+/// Mask of the nesting count.
+pub(crate) const NEST_MASK: u64 = (1 << NEST_BITS) - 1;
+/// One epoch step of `gp`.
+pub(crate) const EPOCH_ONE: u64 = 1 << NEST_BITS;
+
+/// How a domain orders readers against `synchronize`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FenceMode {
+    /// Compiler fence on the read side, `membarrier(2)` in `synchronize`.
+    Asymmetric,
+    /// `SeqCst` fences on both sides (no membarrier, loom, miri).
+    Symmetric,
+}
+
+/// One reader thread's state, on its own pair of cache lines.
+#[repr(align(128))]
+pub(crate) struct Record {
+    /// `epoch << NEST_BITS | nesting`.
+    ///
+    /// Invariant: stored only by the thread that owns the record (claimed
+    /// `in_use`), read by that thread with `Relaxed` and by `synchronize`
+    /// with `Acquire`.
+    ctr: AtomicU64,
+    /// Whether the owner must issue a `SeqCst` fence at enter.
+    ///
+    /// Invariant: written before the record is published or while it is
+    /// claimed by its owner, read only by the owner.
+    heavy: AtomicBool,
+    /// Invariant: `true` exactly while one thread owns the record.
+    in_use: AtomicBool,
+    /// Next record in the domain list. Invariant: immutable once the record
+    /// has been published on the list.
+    next: AtomicPtr<Record>,
+}
+
+impl Record {
+    fn new(heavy: bool) -> Self {
+        Self {
+            ctr: AtomicU64::new(0),
+            heavy: AtomicBool::new(heavy),
+            in_use: AtomicBool::new(true),
+            next: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+
+    /// Enters a read-side critical section (nestable). Owner thread only.
+    #[inline(always)]
+    pub(crate) fn enter(&self, gp: &AtomicU64) {
+        let v = self.ctr.load(Ordering::Relaxed);
+        if v & NEST_MASK == 0 {
+            // Acquire: pairs with the Release store of a new epoch in
+            // `synchronize`; a reader that sees that epoch sees everything
+            // the updater stored before calling `synchronize`.
+            let g = gp.load(Ordering::Acquire);
+            self.ctr.store(g, Ordering::Relaxed);
+            if self.heavy.load(Ordering::Relaxed) {
+                // Pairs with the SeqCst fence in `Domain::heavy_barrier`
+                // (store-buffering: our ctr store vs the updater's stores).
+                fence(Ordering::SeqCst);
+            } else {
+                // Pairs with membarrier() in `Domain::heavy_barrier`, which
+                // runs a full fence on this CPU; the compiler must not move
+                // the section's loads above the ctr store.
+                crate::sync::compiler_fence(Ordering::SeqCst);
+            }
+        } else {
+            if v & NEST_MASK == NEST_MASK {
+                nesting_overflow();
+            }
+            self.ctr.store(v + 1, Ordering::Relaxed);
+        }
+    }
+
+    /// Leaves a read-side critical section. Owner thread only.
+    ///
+    /// Returns `true` when the thread became quiescent.
+    #[inline(always)]
+    pub(crate) fn exit(&self) -> bool {
+        let v = self.ctr.load(Ordering::Relaxed);
+        debug_assert!(v & NEST_MASK != 0, "rcu: exit without enter");
+        if v & NEST_MASK == 1 {
+            // Keep the compiler from sinking section loads below the store.
+            crate::sync::compiler_fence(Ordering::SeqCst);
+            // Release: pairs with the Acquire load in `wait_for_readers`;
+            // every access of the section happens-before the grace period
+            // ends.
+            self.ctr.store(v - 1, Ordering::Release);
+            true
+        } else {
+            self.ctr.store(v - 1, Ordering::Relaxed);
+            false
+        }
+    }
+
+    /// Current nesting depth. Owner thread only.
+    #[inline]
+    pub(crate) fn nesting(&self) -> u64 {
+        self.ctr.load(Ordering::Relaxed) & NEST_MASK
+    }
+
+    /// Forces the record quiescent; used only for records whose owner no
+    /// longer exists (the child side of `fork`).
+    pub(crate) fn reset_dead(&self) {
+        self.ctr.store(0, Ordering::Release);
+        self.in_use.store(false, Ordering::Release);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn nesting_overflow() -> ! {
+    // Aborting rather than panicking: this can be reached from a signal
+    // handler, and 65,535 nested sections is always a leak of guards.
+    eprintln!("fprobe::rcu: read-side nesting overflow (more than 65535 nested guards)");
+    std::process::abort()
+}
+
+/// A set of reader records sharing one grace-period counter.
+pub(crate) struct Domain {
+    /// `epoch << NEST_BITS | 1`; only `synchronize` stores it.
+    pub(crate) gp: crate::sync::CachePadded<AtomicU64>,
+    /// Head of the append-only record list.
+    head: AtomicPtr<Record>,
+    /// Serialises grace periods (and their epoch increments). A plain flag
+    /// rather than a mutex so the child of `fork` can reset it when the
+    /// parent's reclaimer thread was inside `synchronize` at the fork.
+    gp_lock: AtomicBool,
+    /// Invariant: set once, before any record is registered or any grace
+    /// period runs (`set_mode`), then only read.
+    symmetric: AtomicBool,
+}
+
+impl Domain {
+    /// A domain whose readers and writers use `mode`.
+    #[cfg(not(loom))]
+    pub(crate) const fn new(mode: FenceMode) -> Self {
+        Self {
+            gp: crate::sync::CachePadded(AtomicU64::new(EPOCH_ONE | 1)),
+            head: AtomicPtr::new(std::ptr::null_mut()),
+            gp_lock: AtomicBool::new(false),
+            symmetric: AtomicBool::new(matches!(mode, FenceMode::Symmetric)),
+        }
+    }
+
+    /// A domain whose readers and writers use `mode`.
+    #[cfg(loom)]
+    pub(crate) fn new(mode: FenceMode) -> Self {
+        Self {
+            gp: crate::sync::CachePadded(AtomicU64::new(EPOCH_ONE | 1)),
+            head: AtomicPtr::new(std::ptr::null_mut()),
+            gp_lock: AtomicBool::new(false),
+            symmetric: AtomicBool::new(matches!(mode, FenceMode::Symmetric)),
+        }
+    }
+
+    /// The fence mode readers of this domain use.
+    pub(crate) fn mode(&self) -> FenceMode {
+        if self.symmetric.load(Ordering::Relaxed) {
+            FenceMode::Symmetric
+        } else {
+            FenceMode::Asymmetric
+        }
+    }
+
+    /// Sets the fence mode. Only before the first `register`/`synchronize`
+    /// (the process-wide domain does it inside a `Once`, whose completion
+    /// orders this store before every later use).
+    pub(crate) fn set_mode(&self, mode: FenceMode) {
+        self.symmetric
+            .store(matches!(mode, FenceMode::Symmetric), Ordering::Relaxed);
+    }
+
+    /// Claims a free record or appends a new one. Lock-free; allocates when
+    /// no free record exists.
+    pub(crate) fn register(&self) -> &Record {
+        let heavy = self.mode() == FenceMode::Symmetric;
+        let mut cur = self.head.load(Ordering::Acquire);
+        while !cur.is_null() {
+            // SAFETY: records on the list are never freed while the domain
+            // lives (`Drop` frees them with exclusive access), and `&self`
+            // keeps the domain alive.
+            let rec = unsafe { &*cur };
+            if !rec.in_use.load(Ordering::Relaxed)
+                && rec
+                    .in_use
+                    // Acquire: pairs with the Release in `unregister`; the
+                    // previous owner's last ctr store (quiescent) is visible.
+                    .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                rec.heavy.store(heavy, Ordering::Relaxed);
+                return rec;
+            }
+            cur = rec.next.load(Ordering::Relaxed);
+        }
+        let rec = Box::into_raw(Box::new(Record::new(heavy)));
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: `rec` is ours until the CAS below publishes it.
+            unsafe { &*rec }.next.store(head, Ordering::Relaxed);
+            // Release: publishes the initialised record to `wait_for_readers`
+            // and `register`, which load `head` with Acquire.
+            match self
+                .head
+                .compare_exchange_weak(head, rec, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(h) => head = h,
+            }
+        }
+        // SAFETY: published records live as long as the domain.
+        unsafe { &*rec }
+    }
+
+    /// Gives a quiescent record back for reuse by another thread.
+    pub(crate) fn unregister(&self, rec: &Record) {
+        debug_assert_eq!(rec.nesting(), 0);
+        // Release: pairs with the Acquire CAS in `register`.
+        rec.in_use.store(false, Ordering::Release);
+    }
+
+    /// The full barrier `synchronize` pairs with each reader's enter fence.
+    fn heavy_barrier(&self) {
+        match self.mode() {
+            FenceMode::Symmetric => fence(Ordering::SeqCst),
+            FenceMode::Asymmetric => {
+                #[cfg(not(any(loom, miri)))]
+                super::membarrier::barrier();
+                #[cfg(any(loom, miri))]
+                fence(Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Waits until every read-side critical section that was running when
+    /// the call began has ended. Blocks; must not be called from inside a
+    /// read-side critical section of this domain (it would wait for itself).
+    pub(crate) fn synchronize(&self) {
+        let mut step = 0u32;
+        // Acquire: pairs with the Release in the unlock below; the previous
+        // grace period's `gp` store is ours to build on.
+        while self
+            .gp_lock
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            backoff(step);
+            step = step.saturating_add(1);
+        }
+        // Step 1: pairs with each reader's enter fence (see module docs).
+        self.heavy_barrier();
+        // Step 2: the gp_lock serialises stores to `gp`; Relaxed load is ours.
+        let target = self.gp.load(Ordering::Relaxed).wrapping_add(EPOCH_ONE);
+        // Release: pairs with the Acquire load in `Record::enter`.
+        self.gp.store(target, Ordering::Release);
+        // Step 3.
+        self.wait_for_readers(target >> NEST_BITS);
+        // Release: pairs with the Acquire above.
+        self.gp_lock.store(false, Ordering::Release);
+    }
+
+    /// In the child of `fork`: only the calling thread survived, so every
+    /// other record belongs to a thread that no longer exists, and the grace
+    /// period lock may be held by one of them.
+    pub(crate) fn after_fork_child(&self, survivor: *const Record) {
+        self.for_each_record(|r| {
+            if !std::ptr::eq(r, survivor) && r.in_use.load(Ordering::Relaxed) {
+                r.reset_dead();
+            }
+        });
+        self.gp_lock.store(false, Ordering::Release);
+    }
+
+    fn wait_for_readers(&self, epoch: u64) {
+        let mut cur = self.head.load(Ordering::Acquire);
+        while !cur.is_null() {
+            // SAFETY: published records live as long as the domain.
+            let rec = unsafe { &*cur };
+            let mut step = 0u32;
+            loop {
+                // Acquire: pairs with the Release store in `Record::exit`.
+                let v = rec.ctr.load(Ordering::Acquire);
+                if v & NEST_MASK == 0 || v >> NEST_BITS == epoch {
+                    break;
+                }
+                backoff(step);
+                step = step.saturating_add(1);
+            }
+            cur = rec.next.load(Ordering::Relaxed);
+        }
+    }
+
+    /// Calls `f` on every record of the domain.
+    pub(crate) fn for_each_record(&self, mut f: impl FnMut(&Record)) {
+        let mut cur = self.head.load(Ordering::Acquire);
+        while !cur.is_null() {
+            // SAFETY: published records live as long as the domain.
+            let rec = unsafe { &*cur };
+            f(rec);
+            cur = rec.next.load(Ordering::Relaxed);
+        }
+    }
+
+    /// Number of records (threads ever registered at once).
+    pub(crate) fn records(&self) -> (usize, usize) {
+        let (mut all, mut used) = (0, 0);
+        self.for_each_record(|r| {
+            all += 1;
+            used += usize::from(r.in_use.load(Ordering::Relaxed));
+        });
+        (all, used)
+    }
+}
+
+impl Drop for Domain {
+    fn drop(&mut self) {
+        let mut cur = self.head.load(Ordering::Relaxed);
+        while !cur.is_null() {
+            // SAFETY: `&mut self`: no thread can use the records any more;
+            // each was created by `Box::into_raw` in `register`.
+            let rec = unsafe { Box::from_raw(cur) };
+            cur = rec.next.load(Ordering::Relaxed);
+        }
+    }
+}
