@@ -79,6 +79,7 @@
 //! about a nanosecond; see `BENCHMARKS.md` for the comparison with
 //! crossbeam-epoch, seize, and arc-swap measured in the same run.
 
+#[cfg(not(any(loom, miri)))]
 mod membarrier;
 mod ptr;
 pub(crate) mod raw;
@@ -132,6 +133,7 @@ impl Drop for Owner {
 }
 
 #[cfg(not(loom))]
+#[inline(always)]
 fn domain() -> &'static Domain {
     &DOMAIN
 }
@@ -144,7 +146,11 @@ fn domain() -> &'static Domain {
 #[cfg(not(loom))]
 fn init() {
     INIT.call_once(|| {
-        let mode = if crate::sync::ASYMMETRIC_FENCES && membarrier::register() {
+        #[cfg(not(miri))]
+        let asymmetric = crate::sync::ASYMMETRIC_FENCES && membarrier::register();
+        #[cfg(miri)]
+        let asymmetric = false;
+        let mode = if asymmetric {
             FenceMode::Asymmetric
         } else {
             FenceMode::Symmetric
@@ -195,6 +201,7 @@ pub struct ReadGuard {
 }
 
 impl ReadGuard {
+    #[inline(always)]
     fn enter(rec: &'static Record, transient: bool) -> Self {
         rec.enter(&domain().gp);
         Self {
@@ -208,8 +215,8 @@ impl ReadGuard {
 impl Drop for ReadGuard {
     #[inline(always)]
     fn drop(&mut self) {
-        let quiescent = self.rec.exit();
-        if self.transient && quiescent {
+        self.rec.exit();
+        if self.transient {
             domain().unregister(self.rec);
         }
     }
@@ -304,6 +311,7 @@ pub fn register_thread() {
 /// assert!(fprobe::rcu::in_read_section());
 /// # drop(g);
 /// ```
+#[inline]
 pub fn in_read_section() -> bool {
     let rec = RECORD.with(|r| r.get());
     // SAFETY: as in `read_lock`.
