@@ -3,6 +3,8 @@
 //!
 //! `cargo bench --bench rcu`
 
+#![allow(missing_docs)] // criterion_group! generates undocumented items
+
 use std::hint::black_box;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
@@ -46,7 +48,7 @@ fn read_side(c: &mut Criterion) {
     g.bench_function("load/crossbeam_epoch::Atomic", |b| {
         b.iter(|| {
             let guard = crossbeam_epoch::pin();
-            // SAFETY (bench): the pointer is never freed during the bench.
+            // SAFETY: (bench) the pointer is never freed during the bench.
             *unsafe { black_box(&epoch).load(Ordering::Acquire, &guard).deref() }
         })
     });
@@ -55,7 +57,7 @@ fn read_side(c: &mut Criterion) {
         b.iter(|| {
             let guard = collector.enter();
             let p = guard.protect(black_box(&seized), Ordering::Acquire);
-            // SAFETY (bench): the pointer is never freed during the bench.
+            // SAFETY: (bench) the pointer is never freed during the bench.
             unsafe { *p }
         })
     });
@@ -68,9 +70,9 @@ fn read_side(c: &mut Criterion) {
         b.iter(|| *black_box(&cell).read().unwrap())
     });
     g.finish();
-    // SAFETY (bench): allocated above with Box::into_raw, no longer used.
+    // SAFETY: (bench) allocated above with Box::into_raw, no longer used.
     drop(unsafe { Box::from_raw(seized.load(Ordering::Relaxed)) });
-    // SAFETY (bench): no other thread uses `epoch`.
+    // SAFETY: (bench) no other thread uses `epoch`.
     drop(unsafe { epoch.into_owned() });
 }
 

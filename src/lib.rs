@@ -11,4 +11,9 @@
 
 pub(crate) mod sync;
 
+mod error;
+pub mod index;
 pub mod rcu;
+
+pub use error::{Error, InsertError, InsertManyError};
+pub use index::{AddrIndex, AddrIndexBuilder, EntryId, IndexStats};

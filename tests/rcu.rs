@@ -296,17 +296,20 @@ fn read_section_nested_from_signal_handler() {
         HANDLED.fetch_add(1, Ordering::Relaxed);
     }
     rcu::register_thread();
-    // SAFETY (test): installs a handler that only touches RCU's read side
+    // SAFETY: (test) installs a handler that only touches RCU's read side
     // (async-signal-safe once the thread is registered) and an atomic.
+    // SAFETY: (test) plain libc process/thread calls with valid arguments.
     unsafe {
         libc::signal(libc::SIGUSR1, handler as *const () as libc::sighandler_t);
     }
+    // SAFETY: (test) plain libc process/thread calls with valid arguments.
     let me = unsafe { libc::pthread_self() };
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     let me_id = me as usize;
     let kicker = std::thread::spawn(move || {
         while !s.load(Ordering::Relaxed) {
+            // SAFETY: (test) plain libc process/thread calls with valid arguments.
             unsafe { libc::pthread_kill(me_id as libc::pthread_t, libc::SIGUSR1) };
             std::thread::sleep(Duration::from_micros(50));
         }
@@ -342,23 +345,26 @@ fn fork_child_can_synchronize() {
         drop(g);
     });
     entered.wait();
-    // SAFETY (test): the child only calls RCU functions and _exit.
+    // SAFETY: (test) the child only calls RCU functions and _exit.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         rcu::synchronize();
         rcu::retire(Box::new(5u64));
         rcu::barrier();
+        // SAFETY: (test) plain libc process/thread calls with valid arguments.
         unsafe { libc::_exit(0) };
     }
     assert!(pid > 0);
     let mut status = 0;
     let t = Instant::now();
     loop {
+        // SAFETY: (test) plain libc process/thread calls with valid arguments.
         let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
         if r == pid {
             break;
         }
         if t.elapsed() > Duration::from_secs(20) {
+            // SAFETY: (test) plain libc process/thread calls with valid arguments.
             unsafe { libc::kill(pid, libc::SIGKILL) };
             panic!("child hung in synchronize after fork");
         }

@@ -1,0 +1,82 @@
+//! The crate's one error enum and the wrappers that hand values back.
+
+use std::fmt;
+
+/// What went wrong. Every fallible operation leaves the structure it was
+/// called on unchanged (or, for bulk operations, exactly as before the call)
+/// and hands back any value it was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// No entry with this id at this address (never inserted, already
+    /// removed, or an id from another address or index).
+    NotFound,
+    /// Inserting would exceed the configured maximum number of addresses.
+    CapacityExceeded {
+        /// The configured maximum (`AddrIndexBuilder::max_addresses`).
+        max_addresses: usize,
+    },
+    /// A builder setting is out of range; the message says which.
+    InvalidConfig(&'static str),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NotFound => f.write_str("no such entry at this address"),
+            Error::CapacityExceeded { max_addresses } => {
+                write!(f, "index is full: at most {max_addresses} addresses")
+            }
+            Error::InvalidConfig(why) => write!(f, "invalid configuration: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// A failed insert: the error and the value, handed back untouched.
+#[derive(Debug, PartialEq, Eq)]
+pub struct InsertError<V> {
+    /// Why the insert failed.
+    pub error: Error,
+    /// The value that was not inserted.
+    pub value: V,
+}
+
+impl<V> InsertError<V> {
+    /// The value that was not inserted.
+    pub fn into_value(self) -> V {
+        self.value
+    }
+}
+
+impl<V> fmt::Display for InsertError<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<V: fmt::Debug> std::error::Error for InsertError<V> {}
+
+/// A failed bulk insert: nothing stayed inserted, and every value comes
+/// back, in input order.
+#[derive(Debug, PartialEq, Eq)]
+pub struct InsertManyError<V> {
+    /// Why the insert failed.
+    pub error: Error,
+    /// Every `(address, value)` pair of the call, in input order.
+    pub values: Vec<(u64, V)>,
+}
+
+impl<V> fmt::Display for InsertManyError<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "bulk insert of {} values failed: {}",
+            self.values.len(),
+            self.error
+        )
+    }
+}
+
+impl<V: fmt::Debug> std::error::Error for InsertManyError<V> {}

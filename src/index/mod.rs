@@ -1,0 +1,504 @@
+//! [`AddrIndex`]: a concurrent multi-map from addresses to values, with
+//! lookups that take no lock and write no shared memory.
+//!
+//! The userspace counterpart of the kernel's `rhltable` as fprobe uses it
+//! (`fprobe_ip_table`): many values per address, tens of thousands to
+//! millions of addresses, online resize that never stops readers.
+//!
+//! # Design
+//!
+//! One **record per address** holds all of its values contiguously, and an
+//! open-addressing table of `{address, record pointer}` slots, four per
+//! cache line, finds it: a cold lookup costs two dependent cache misses (the
+//! slot's line and the record), where rhltable pays one per chained
+//! duplicate. Records are immutable; writers copy-on-write them (which is
+//! why `V: Clone`: the values that stay are cloned into the new record, the
+//! old record is dropped after an RCU grace period). Writes are rare and
+//! reads are everything.
+//!
+//! Writers serialise per *stripe* (a mutex per key-hash stripe, each on its
+//! own cache lines, at least four stripes per CPU), so registrations from
+//! several threads proceed in parallel. A resize attaches a new table
+//! (fresh seed) behind the old one and migrates slots a chunk at a time from
+//! later writes; readers follow the chain. The algorithm and its invariants
+//! are documented in the (private) `raw` module.
+//!
+//! Hand-written rather than built on papaya, scc, dashmap or arc-swap: their
+//! read sides cost an atomic read-modify-write or a `SeqCst` fence per
+//! lookup, a lock, or a full-table copy per write (`BENCHMARKS.md` has the
+//! figures, measured side by side).
+//!
+//! # Consistency
+//!
+//! * A lookup returns every value inserted before it began and not removed
+//!   before it began ("before" = happens-before: the insert returned, and
+//!   the reader learned of it through some synchronisation). Values
+//!   inserted or removed concurrently may or may not appear.
+//! * The values returned for one address are a snapshot: they were all
+//!   present together at one instant, in insertion order.
+//! * Once [`AddrIndex::remove`] returns, no lookup that begins afterwards
+//!   returns the removed value; the value is dropped after every lookup that
+//!   might still hold it has ended.
+//! * A reader never blocks, never spins on a writer, and never sees a torn
+//!   or half-initialised entry, including during a resize.
+//!
+//! # Execution context
+//!
+//! | operation | blocks? | allocates? | async-signal-safe? |
+//! |---|---|---|---|
+//! | [`get`](AddrIndex::get), [`get_with_ids`](AddrIndex::get_with_ids), [`lookup`](AddrIndex::lookup), [`contains`](AddrIndex::contains) | never: lock-free, no stores | no (after the thread's first RCU use) | yes, with an already registered thread |
+//! | [`insert`](AddrIndex::insert), [`remove`](AddrIndex::remove), [`remove_addr`](AddrIndex::remove_addr) | on the key's stripe lock, briefly; rarely a resize step | yes | no |
+//! | [`insert_many`](AddrIndex::insert_many) | as `insert`; may presize the table (O(table)) | yes | no |
+//! | [`take`](AddrIndex::take) | yes, one RCU grace period | yes | no |
+//! | [`clear`](AddrIndex::clear) | on every lock, briefly | yes | no |
+//! | [`len`](AddrIndex::len), [`len_addrs`](AddrIndex::len_addrs) | never | no | yes |
+//! | [`stats`](AddrIndex::stats) | never | no | no (scans the table) |
+//!
+//! Writers must not be called from inside an RCU read-side section only for
+//! [`take`](AddrIndex::take) (it waits for a grace period, and panics there);
+//! the others may.
+
+mod builder;
+pub(crate) mod raw;
+
+use std::fmt;
+use std::marker::PhantomData;
+
+pub use builder::AddrIndexBuilder;
+use raw::{RawIndex, RawIter};
+
+use crate::error::{Error, InsertError, InsertManyError};
+use crate::rcu::{self, ReadGuard};
+
+/// Identifies one inserted value: pass it to [`AddrIndex::remove`] or
+/// [`AddrIndex::take`] with its address. Unique for the life of the index;
+/// the same value inserted twice gets two ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(transparent)]
+pub struct EntryId(u64);
+
+impl EntryId {
+    /// The id as an integer (for FFI and logging).
+    pub fn as_u64(self) -> u64 {
+        self.0
+    }
+
+    /// An id from [`EntryId::as_u64`]. Ids that were never issued are simply
+    /// not found.
+    pub fn from_u64(raw: u64) -> Self {
+        Self(raw)
+    }
+}
+
+/// A concurrent multi-map from `u64` addresses to values.
+///
+/// See the [module documentation](self) for the design, the consistency
+/// guarantees and the execution context of each operation.
+///
+/// # Examples
+///
+/// ```
+/// use fprobe::{AddrIndex, rcu};
+///
+/// let index = AddrIndex::new();
+/// let a = index.insert(0x1000, "entry handler A").unwrap();
+/// let _b = index.insert(0x1000, "entry handler B").unwrap();
+/// index.insert(0x2000, "entry handler C").unwrap();
+///
+/// // Readers: no lock, no shared write.
+/// let guard = rcu::read_lock();
+/// assert_eq!(index.get(0x1000, &guard), &["entry handler A", "entry handler B"]);
+/// assert!(index.get(0x3000, &guard).is_empty());
+/// drop(guard);
+///
+/// // Or with the guard taken internally:
+/// assert_eq!(index.lookup(0x2000, |v| v.len()), Some(1));
+///
+/// index.remove(0x1000, a).unwrap();
+/// assert_eq!(index.lookup(0x1000, |v| v.to_vec()), Some(vec!["entry handler B"]));
+/// ```
+pub struct AddrIndex<V: Clone + Send + Sync + 'static> {
+    raw: RawIndex<V>,
+}
+
+impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
+    /// An empty index with the default configuration (see
+    /// [`AddrIndexBuilder`]).
+    pub fn new() -> Self {
+        Self::builder()
+            .build()
+            .expect("the default configuration is valid")
+    }
+
+    /// An empty index presized for `addresses` addresses.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let index = fprobe::AddrIndex::<u32>::with_capacity(50_000);
+    /// assert!(index.stats().capacity >= 50_000);
+    /// ```
+    pub fn with_capacity(addresses: usize) -> Self {
+        Self::builder()
+            .capacity(addresses)
+            .build()
+            .expect("a capacity hint is always valid")
+    }
+
+    /// A builder with the default configuration.
+    pub fn builder() -> AddrIndexBuilder<V> {
+        AddrIndexBuilder::new()
+    }
+
+    pub(crate) fn from_raw(raw: RawIndex<V>) -> Self {
+        Self { raw }
+    }
+
+    /// Adds `value` to `addr`'s values (after any it already has).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CapacityExceeded`] when `addr` is new and the index already
+    /// holds [`max_addresses`](AddrIndexBuilder::max_addresses) addresses;
+    /// the value comes back in the error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let index = fprobe::AddrIndex::new();
+    /// let id1 = index.insert(0x40, 7).unwrap();
+    /// let id2 = index.insert(0x40, 7).unwrap(); // duplicates are fine
+    /// assert_ne!(id1, id2);
+    /// assert_eq!(index.len(), 2);
+    /// ```
+    pub fn insert(&self, addr: u64, value: V) -> Result<EntryId, InsertError<V>> {
+        self.raw
+            .insert(addr, value)
+            .map(EntryId)
+            .map_err(|(error, value)| InsertError { error, value })
+    }
+
+    /// Inserts every `(address, value)` pair, all or nothing: on error no
+    /// value stays inserted and every value comes back. Much cheaper per
+    /// value than [`insert`](Self::insert): the table is presized once,
+    /// values of one address share one record copy, and each stripe lock is
+    /// taken once per address.
+    ///
+    /// Returns the ids in input order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CapacityExceeded`] when the new addresses do not fit under
+    /// [`max_addresses`](AddrIndexBuilder::max_addresses).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let index = fprobe::AddrIndex::new();
+    /// let ids = index.insert_many((0..1000u64).map(|a| (a * 16, a))).unwrap();
+    /// assert_eq!(ids.len(), 1000);
+    /// assert_eq!(index.lookup(160, |v| v[0]), Some(10));
+    /// ```
+    pub fn insert_many<I: IntoIterator<Item = (u64, V)>>(
+        &self,
+        items: I,
+    ) -> Result<Vec<EntryId>, InsertManyError<V>> {
+        self.raw
+            .insert_many(items.into_iter().collect())
+            .map(|ids| ids.into_iter().map(EntryId).collect())
+            .map_err(|(error, values)| InsertManyError { error, values })
+    }
+
+    /// Removes the value `id` of `addr`; it is dropped after a grace period
+    /// (lookups that began earlier may still be using it).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] when `addr` has no value `id` (never inserted,
+    /// already removed, or an id of another address); nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fprobe::{AddrIndex, Error};
+    /// let index = AddrIndex::new();
+    /// let id = index.insert(1, "x").unwrap();
+    /// index.remove(1, id).unwrap();
+    /// assert_eq!(index.remove(1, id), Err(Error::NotFound));
+    /// ```
+    pub fn remove(&self, addr: u64, id: EntryId) -> Result<(), Error> {
+        self.raw.remove(addr, id.0)
+    }
+
+    /// Removes the value `id` of `addr`, waits for a grace period, and
+    /// returns it.
+    ///
+    /// # Errors
+    ///
+    /// As [`remove`](Self::remove).
+    ///
+    /// # Panics
+    ///
+    /// Inside an RCU read-side section of the calling thread.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let index = fprobe::AddrIndex::new();
+    /// let id = index.insert(1, String::from("mine")).unwrap();
+    /// assert_eq!(index.take(1, id).unwrap(), "mine");
+    /// ```
+    pub fn take(&self, addr: u64, id: EntryId) -> Result<V, Error> {
+        assert!(
+            !rcu::in_read_section(),
+            "AddrIndex::take called inside an RCU read-side section (it waits for a grace period)"
+        );
+        self.raw.take(addr, id.0)
+    }
+
+    /// Removes every value of `addr` (dropped after a grace period) and
+    /// returns how many there were.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let index = fprobe::AddrIndex::new();
+    /// index.insert(5, 'a').unwrap();
+    /// index.insert(5, 'b').unwrap();
+    /// assert_eq!(index.remove_addr(5), 2);
+    /// assert!(!index.contains(5));
+    /// ```
+    pub fn remove_addr(&self, addr: u64) -> usize {
+        self.raw.remove_addr(addr)
+    }
+
+    /// Every value of `addr`, in insertion order (empty if none), valid
+    /// while `guard` lives.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let index = fprobe::AddrIndex::new();
+    /// index.insert(8, 1u8).unwrap();
+    /// let guard = fprobe::rcu::read_lock();
+    /// assert_eq!(index.get(8, &guard), &[1]);
+    /// ```
+    #[inline]
+    pub fn get<'g>(&'g self, addr: u64, _guard: &'g ReadGuard) -> &'g [V] {
+        // SAFETY: `_guard` is a live read-side section for `'g`, and `self`
+        // is borrowed for `'g`.
+        unsafe { self.raw.get(addr) }
+    }
+
+    /// Every value of `addr` with its id, as parallel slices.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let index = fprobe::AddrIndex::new();
+    /// let id = index.insert(8, 'x').unwrap();
+    /// let guard = fprobe::rcu::read_lock();
+    /// let (ids, values) = index.get_with_ids(8, &guard);
+    /// assert_eq!((ids, values), (&[id][..], &['x'][..]));
+    /// ```
+    pub fn get_with_ids<'g>(
+        &'g self,
+        addr: u64,
+        _guard: &'g ReadGuard,
+    ) -> (&'g [EntryId], &'g [V]) {
+        // SAFETY: as in `get`.
+        let (ids, values) = unsafe { self.raw.get_with_ids(addr) };
+        // SAFETY: `EntryId` is `#[repr(transparent)]` over `u64`.
+        let ids = unsafe { std::slice::from_raw_parts(ids.as_ptr().cast::<EntryId>(), ids.len()) };
+        (ids, values)
+    }
+
+    /// Calls `f` with `addr`'s values inside a read-side section; `None`
+    /// when the address has none.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let index = fprobe::AddrIndex::new();
+    /// index.insert(3, 10).unwrap();
+    /// index.insert(3, 20).unwrap();
+    /// assert_eq!(index.lookup(3, |v| v.iter().sum::<i32>()), Some(30));
+    /// assert_eq!(index.lookup(4, |v| v.len()), None);
+    /// ```
+    #[inline]
+    pub fn lookup<R>(&self, addr: u64, f: impl FnOnce(&[V]) -> R) -> Option<R> {
+        let guard = rcu::read_lock();
+        let values = self.get(addr, &guard);
+        (!values.is_empty()).then(|| f(values))
+    }
+
+    /// Whether `addr` has at least one value.
+    pub fn contains(&self, addr: u64) -> bool {
+        let guard = rcu::read_lock();
+        !self.get(addr, &guard).is_empty()
+    }
+
+    /// Number of values (not addresses). Sums per-stripe counters: exact
+    /// when no writer runs, otherwise somewhere between the counts before
+    /// and after the concurrent writes.
+    pub fn len(&self) -> usize {
+        self.raw.len()
+    }
+
+    /// Number of addresses with at least one value.
+    pub fn len_addrs(&self) -> usize {
+        self.raw.len_addrs()
+    }
+
+    /// Whether the index holds no value.
+    pub fn is_empty(&self) -> bool {
+        self.len_addrs() == 0
+    }
+
+    /// Iterates over `(address, values)`.
+    ///
+    /// Like rhashtable's walk, this is not a snapshot. Promised:
+    /// * every address that has values for the whole walk is yielded at
+    ///   least once, and at most once if no resize runs during the walk (a
+    ///   resize can yield an address twice, once per table);
+    /// * each yielded `values` slice is a snapshot of that address;
+    /// * addresses inserted or emptied during the walk may or may not appear.
+    ///
+    /// The order is unspecified.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let index = fprobe::AddrIndex::new();
+    /// index.insert(1, 'a').unwrap();
+    /// index.insert(2, 'b').unwrap();
+    /// let guard = fprobe::rcu::read_lock();
+    /// let mut all: Vec<_> = index.iter(&guard).map(|(a, v)| (a, v[0])).collect();
+    /// all.sort();
+    /// assert_eq!(all, [(1, 'a'), (2, 'b')]);
+    /// ```
+    pub fn iter<'g>(&'g self, _guard: &'g ReadGuard) -> Iter<'g, V> {
+        Iter {
+            // SAFETY: `_guard` covers the iterator's lifetime `'g`.
+            raw: unsafe { RawIter::new(self.raw.root_table()) },
+            _guard: PhantomData,
+        }
+    }
+
+    /// Removes every value; they are dropped after a grace period. The
+    /// table shrinks back to its minimum capacity.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let index = fprobe::AddrIndex::new();
+    /// index.insert_many((0..100u64).map(|a| (a, a))).unwrap();
+    /// index.clear();
+    /// assert!(index.is_empty());
+    /// ```
+    pub fn clear(&self) {
+        self.raw.clear()
+    }
+
+    /// Table statistics: capacity, load, probe lengths, resizes, memory.
+    ///
+    /// Scans the table (O(capacity)): for monitoring, not the hot path.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let index = fprobe::AddrIndex::new();
+    /// index.insert_many((1..=1000u64).map(|a| (a, ()))).unwrap();
+    /// let s = index.stats();
+    /// assert_eq!(s.addresses, 1000);
+    /// assert!(s.load_factor <= 0.8);
+    /// ```
+    pub fn stats(&self) -> IndexStats {
+        let r = self.raw.stats();
+        let bytes = r.table_bytes + r.record_bytes;
+        IndexStats {
+            capacity: r.capacity,
+            tables: r.tables,
+            addresses: r.addrs,
+            values: r.values,
+            load_factor: r.addrs as f64 / r.capacity as f64,
+            claimed_slots: r.claimed,
+            longest_probe: r.longest_probe,
+            mean_probe: if r.claimed == 0 {
+                0.0
+            } else {
+                r.total_probe as f64 / r.claimed as f64
+            },
+            resizes: r.resizes,
+            rehashes: r.rehashes,
+            memory_bytes: bytes,
+            bytes_per_address: if r.addrs == 0 {
+                0.0
+            } else {
+                bytes as f64 / r.addrs as f64
+            },
+        }
+    }
+}
+
+impl<V: Clone + Send + Sync + 'static> Default for AddrIndex<V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<V: Clone + Send + Sync + fmt::Debug + 'static> fmt::Debug for AddrIndex<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let guard = rcu::read_lock();
+        f.debug_map().entries(self.iter(&guard)).finish()
+    }
+}
+
+/// Iterator returned by [`AddrIndex::iter`].
+pub struct Iter<'g, V> {
+    raw: RawIter<V>,
+    _guard: PhantomData<&'g ReadGuard>,
+}
+
+impl<'g, V: 'g> Iterator for Iter<'g, V> {
+    type Item = (u64, &'g [V]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (key, rec) = self.raw.next_record()?;
+        // SAFETY: the guard borrowed for `'g` keeps the record alive.
+        Some((key, unsafe { rec.values() }))
+    }
+}
+
+/// Statistics of an [`AddrIndex`], from [`AddrIndex::stats`].
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct IndexStats {
+    /// Slots in the newest table.
+    pub capacity: usize,
+    /// Tables in the chain: 2 while a resize is migrating, else 1.
+    pub tables: usize,
+    /// Addresses with at least one value.
+    pub addresses: usize,
+    /// Values.
+    pub values: usize,
+    /// `addresses / capacity`.
+    pub load_factor: f64,
+    /// Slots of the newest table holding a key (live, emptied, or moved).
+    pub claimed_slots: usize,
+    /// Longest distance of a key from its home slot in the newest table.
+    /// Linear probing at 75% load gives about 100 even for random keys;
+    /// [`mean_probe`](Self::mean_probe) is the figure lookups feel.
+    pub longest_probe: usize,
+    /// Mean distance of a key from its home slot (about 1.5 at 75% load
+    /// with a well-mixed hash; adversarial sets should not raise it).
+    pub mean_probe: f64,
+    /// Tables attached so far (growth, shrink, rehash).
+    pub resizes: u64,
+    /// Of those, rehashes with a new seed forced by a long probe sequence.
+    pub rehashes: u64,
+    /// Bytes of tables and records (not counting allocator overhead).
+    pub memory_bytes: usize,
+    /// `memory_bytes / addresses`.
+    pub bytes_per_address: f64,
+}

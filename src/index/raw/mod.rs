@@ -1,0 +1,984 @@
+//! The address index's algorithm: a chain of open-addressing tables
+//! (`table.rs`) holding one copy-on-write record per address (`record.rs`),
+//! writer stripes, and incremental migration.
+//!
+//! # Readers
+//!
+//! `lookup(key)`: load `root`; probe it; a live record ends the search;
+//! null (absent or tombstone) or `MOVED` sends the reader on to
+//! `table.future` until there is none. No lock, no store, no fence, no
+//! atomic read-modify-write; `Acquire` loads only (plain loads on x86).
+//! Everything reachable from `root` stays allocated until a grace period
+//! after it is unlinked, so the caller's RCU read guard is all the
+//! protection a reader needs.
+//!
+//! # Writers
+//!
+//! Every change to key `k` happens under `k`'s *stripe lock*: one of
+//! `stripes.len()` (a power of two, ≥ 4 per CPU) mutexes, each on its own
+//! pair of cache lines, chosen by an unseeded mix of `k` so a key keeps its
+//! stripe across rehashes. Under it a writer finds `k`'s live slot anywhere
+//! in the chain and publishes a new record there (copy-on-write), or, for a
+//! new key, claims a slot in the newest table. The old record is retired to
+//! the RCU (dropped after a grace period).
+//!
+//! # Resize
+//!
+//! Under the `resize` mutex (lock order: `resize`, then stripes in
+//! ascending order):
+//!
+//! 1. **Attach**: allocate the new table (new size and a fresh seed), then,
+//!    holding every stripe lock, set `root.future`. From then on no writer
+//!    claims a slot in the old table (writers read `future` under their
+//!    stripe lock).
+//! 2. **Migrate**, `MIGRATE_CHUNK` slots at a time, by whichever writer gets
+//!    the `resize` lock after its own operation (`try_lock`: nobody waits):
+//!    for each live slot, under that key's stripe lock, claim the key in the
+//!    new table, store the record pointer there, then mark the old slot
+//!    `MOVED`. The record itself is not copied.
+//! 3. **Swap**: after the last slot, `root = future`; the old table (slots
+//!    only, no records) is retired.
+//!
+//! No single write pays more than one chunk of migration, except a writer
+//! that finds the newest table at 90% claimed (it finishes the migration and
+//! attaches a larger table: the forced path of rhashtable), a bulk insert
+//! that presizes, and `clear`.
+//!
+//! Growth starts at 80% claimed slots (live keys and tombstones) and sizes
+//! the new table at twice the live keys, so tombstones are dropped and the
+//! table can shrink (`auto_shrink`, below 25% live). A claim that probes more
+//! than `LONG_PROBE` slots in a table under half full means the hash is being
+//! defeated: the table is rehashed with a new seed.
+
+pub(crate) mod record;
+pub(crate) mod table;
+
+use std::marker::PhantomData;
+use std::ptr;
+
+use record::{Header, RecordPtr, drop_record};
+use table::{FORCE_AT, GROW_AT, LONG_PROBE, Probe, Slot, Table, is_live, moved};
+
+use crate::error::Error;
+use crate::rcu;
+use crate::sync::{AtomicPtr, AtomicU64, AtomicUsize, CachePadded, Mutex, MutexGuard, Ordering};
+
+/// Slots migrated per write while a resize is in progress.
+pub(crate) const MIGRATE_CHUNK: usize = 256;
+
+/// Bits of an entry id that name its stripe.
+const STRIPE_ID_BITS: u32 = 16;
+
+/// Index configuration, validated by the builder.
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) initial_capacity: usize,
+    pub(crate) min_capacity: usize,
+    pub(crate) max_addresses: Option<usize>,
+    pub(crate) auto_shrink: bool,
+    pub(crate) seed: u64,
+    pub(crate) stripes: usize,
+}
+
+/// Capacity (a power of two) that holds `addrs` keys at ≤ 50% load.
+pub(crate) fn capacity_for(addrs: usize, min: usize) -> usize {
+    addrs
+        .saturating_mul(2)
+        .max(min)
+        .checked_next_power_of_two()
+        .expect("index capacity overflow")
+}
+
+/// Capacity that holds `addrs` keys below the growth threshold (for
+/// presizing: `with_capacity`, bulk inserts).
+pub(crate) fn capacity_presized(addrs: usize, min: usize) -> usize {
+    (addrs.saturating_mul(GROW_AT.1) / GROW_AT.0 + 1)
+        .max(min)
+        .checked_next_power_of_two()
+        .expect("index capacity overflow")
+}
+
+struct Stripe {
+    lock: Mutex<StripeState>,
+    /// Values whose address maps to this stripe. Stored under `lock`.
+    values: AtomicUsize,
+    /// Bytes of the records of this stripe. Stored under `lock`.
+    record_bytes: AtomicUsize,
+}
+
+struct StripeState {
+    next_seq: u64,
+}
+
+struct ResizeState {
+    /// Next slot of `root` to migrate, while `root.future` is set.
+    cursor: usize,
+    /// Slots to migrate per write during this migration:
+    /// `MIGRATE_CHUNK × ⌈old capacity / new capacity⌉`. Every claim in the
+    /// new table pays one step, so the migration ends before the new table
+    /// can fill (see `attach`).
+    budget: usize,
+    /// Tables created so far (feeds the per-table seed).
+    generation: u64,
+}
+
+/// The index without its safe wrapper.
+pub(crate) struct RawIndex<V> {
+    /// Invariant: never null; everything reachable from it (tables, their
+    /// futures, live records) is freed only after a grace period that
+    /// started after it was unlinked.
+    root: CachePadded<AtomicPtr<Table>>,
+    stripes: Box<[CachePadded<Stripe>]>,
+    stripe_mask: usize,
+    resize: Mutex<ResizeState>,
+    /// Live addresses (with at least one value).
+    addrs: CachePadded<AtomicUsize>,
+    resizes: AtomicU64,
+    rehashes: AtomicU64,
+    config: Config,
+    _values: PhantomData<V>,
+}
+
+/// Statistics, assembled by `stats()`.
+pub(crate) struct RawStats {
+    pub(crate) capacity: usize,
+    pub(crate) tables: usize,
+    pub(crate) addrs: usize,
+    pub(crate) values: usize,
+    pub(crate) claimed: usize,
+    pub(crate) longest_probe: usize,
+    pub(crate) total_probe: usize,
+    pub(crate) resizes: u64,
+    pub(crate) rehashes: u64,
+    pub(crate) table_bytes: usize,
+    pub(crate) record_bytes: usize,
+}
+
+/// Locks the mutex, ignoring poison: every critical section of the index
+/// leaves its state consistent at each point a panic can occur (a panicking
+/// `V::clone` aborts the copy-on-write before anything is published).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A failed bulk insert: the error and every value, in input order.
+pub(crate) type BulkError<V> = (Error, Vec<(u64, V)>);
+
+/// Unseeded mix choosing a key's stripe: stable across rehashes.
+#[inline]
+fn stripe_of(key: u64, mask: usize) -> usize {
+    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize & mask
+}
+
+// SAFETY: the index owns `V`s (records) and hands out `&V` to any thread:
+// it is Send when `V: Send` and Sync when `V: Send + Sync` (values are
+// dropped on the RCU reclaimer thread, so both need `Send`). All other
+// shared state is atomics and mutexes.
+unsafe impl<V: Send> Send for RawIndex<V> {}
+// SAFETY: see the `Send` impl.
+unsafe impl<V: Send + Sync> Sync for RawIndex<V> {}
+
+impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
+    pub(crate) fn new(config: Config) -> Self {
+        let cap = config.initial_capacity;
+        let stripes = config.stripes;
+        debug_assert!(stripes.is_power_of_two() && stripes <= 1 << STRIPE_ID_BITS);
+        let root = Box::into_raw(Table::new(cap, table_seed(config.seed, 0)));
+        Self {
+            root: CachePadded(AtomicPtr::new(root)),
+            stripes: (0..stripes)
+                .map(|_| {
+                    CachePadded(Stripe {
+                        lock: Mutex::new(StripeState { next_seq: 1 }),
+                        values: AtomicUsize::new(0),
+                        record_bytes: AtomicUsize::new(0),
+                    })
+                })
+                .collect(),
+            stripe_mask: stripes - 1,
+            resize: Mutex::new(ResizeState {
+                cursor: 0,
+                budget: MIGRATE_CHUNK,
+                generation: 1,
+            }),
+            addrs: CachePadded(AtomicUsize::new(0)),
+            resizes: AtomicU64::new(0),
+            rehashes: AtomicU64::new(0),
+            config,
+            _values: PhantomData,
+        }
+    }
+
+    // ---------------------------------------------------------------- reads
+
+    /// The record of `key`, or null. The caller holds a read guard.
+    #[inline(always)]
+    pub(crate) fn lookup_raw(&self, key: u64) -> *mut Header {
+        // Acquire: pairs with the Release stores of `root` (migration swap,
+        // clear); the table's fields are visible.
+        let mut t = self.root.load(Ordering::Acquire);
+        loop {
+            // SAFETY: `root` and every `future` reachable from it stay
+            // allocated while the caller's read guard lives (struct
+            // invariant).
+            let table = unsafe { &*t };
+            let rec = table.lookup(key);
+            if is_live(rec) {
+                return rec;
+            }
+            // Acquire: pairs with the Release store in `attach`.
+            t = table.future.load(Ordering::Acquire);
+            if t.is_null() {
+                return ptr::null_mut();
+            }
+        }
+    }
+
+    /// The values of `key` (empty if none), valid while the caller's read
+    /// guard and `self` live.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds a read guard for `'g`, and `self` outlives `'g`.
+    #[inline(always)]
+    pub(crate) unsafe fn get<'g>(&self, key: u64) -> &'g [V] {
+        let rec = self.lookup_raw(key);
+        if rec.is_null() {
+            return &[];
+        }
+        // SAFETY: a live record of `V`s, kept alive by the caller's guard.
+        unsafe { RecordPtr::<V>::from_raw(rec).values() }
+    }
+
+    /// Values and ids of `key`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`RawIndex::get`].
+    pub(crate) unsafe fn get_with_ids<'g>(&self, key: u64) -> (&'g [u64], &'g [V]) {
+        let rec = self.lookup_raw(key);
+        if rec.is_null() {
+            return (&[], &[]);
+        }
+        // SAFETY: as in `get`.
+        unsafe {
+            let r = RecordPtr::<V>::from_raw(rec);
+            (r.ids(), r.values())
+        }
+    }
+
+    // --------------------------------------------------------------- writes
+
+    fn stripe(&self, key: u64) -> (usize, &Stripe) {
+        let i = stripe_of(key, self.stripe_mask);
+        (i, &self.stripes[i])
+    }
+
+    /// `key`'s live slot and record, anywhere in the chain. Caller holds
+    /// `key`'s stripe lock and a read guard.
+    fn locate(&self, key: u64) -> Option<(&Slot, RecordPtr<V>)> {
+        let mut t = self.root.load(Ordering::Acquire);
+        loop {
+            // SAFETY: as in `lookup_raw`; the caller's guard.
+            let table = unsafe { &*t };
+            if let Probe::Found(slot) = table.probe(key) {
+                let rec = slot.rec.load(Ordering::Acquire);
+                if is_live(rec) {
+                    // SAFETY: a live record of `V`s.
+                    return Some((slot, unsafe { RecordPtr::from_raw(rec) }));
+                }
+            }
+            t = table.future.load(Ordering::Acquire);
+            if t.is_null() {
+                return None;
+            }
+        }
+    }
+
+    /// The last table of the chain. With any stripe lock held it has no
+    /// future and keeps none until the lock is released.
+    fn newest(&self) -> &Table {
+        let mut t = self.root.load(Ordering::Acquire);
+        loop {
+            // SAFETY: as in `lookup_raw`; the caller's guard.
+            let table = unsafe { &*t };
+            let f = table.future.load(Ordering::Acquire);
+            if f.is_null() {
+                return table;
+            }
+            t = f;
+        }
+    }
+
+    /// Publishes `rec` in `slot`.
+    fn publish(slot: &Slot, rec: *mut Header) {
+        // Release: pairs with the Acquire loads of readers (`Table::lookup`,
+        // `locate`); the record's contents are visible before its pointer.
+        slot.rec.store(rec, Ordering::Release);
+    }
+
+    fn retire_record(rec: RecordPtr<V>) {
+        // SAFETY: `rec` was just unlinked from its slot under the stripe
+        // lock; no new reader can reach it, and it is ours to free once a
+        // grace period has passed. `V: Send` lets the reclaimer drop it.
+        unsafe { rcu::retire_raw(rec.into_raw().cast(), drop_record::<V>) }
+    }
+
+    /// Reserves one more live address against `max_addresses`.
+    fn reserve_addr(&self) -> Result<(), Error> {
+        match self.config.max_addresses {
+            None => {
+                self.addrs.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Some(max) => self
+                .addrs
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| {
+                    (a < max).then_some(a + 1)
+                })
+                .map(|_| ())
+                .map_err(|_| Error::CapacityExceeded { max_addresses: max }),
+        }
+    }
+
+    /// Inserts one value. On error the value comes back.
+    pub(crate) fn insert(&self, key: u64, value: V) -> Result<u64, (Error, V)> {
+        let mut value = Some(value);
+        loop {
+            match self.try_insert_group(key, &mut || value.take().unwrap(), 1) {
+                Ok(Some((id, claimed))) => {
+                    self.after_write(claimed);
+                    return Ok(id);
+                }
+                Ok(None) => self.grow_blocking(1, false),
+                Err(e) => return Err((e, value.take().expect("value not consumed on error"))),
+            }
+        }
+    }
+
+    /// Inserts `n` values for `key` (taken from `next`, in order) under one
+    /// stripe lock. `Ok(None)`: the newest table has no room; nothing was
+    /// taken. Returns the first id (ids of one group are consecutive in the
+    /// stripe's sequence: `first + i << STRIPE_ID_BITS`) and whether a new
+    /// slot was claimed.
+    fn try_insert_group(
+        &self,
+        key: u64,
+        next: &mut dyn FnMut() -> V,
+        n: usize,
+    ) -> Result<Option<(u64, bool)>, Error> {
+        let _guard = rcu::read_lock();
+        let (si, stripe) = self.stripe(key);
+        let mut st = lock(&stripe.lock);
+        let first = st.next_seq << STRIPE_ID_BITS | si as u64;
+        let ids = move |i: usize| first + ((i as u64) << STRIPE_ID_BITS);
+        if let Some((slot, old)) = self.locate(key) {
+            // SAFETY: `old` is live under our guard.
+            let (old_ids, old_vals) = unsafe { (old.ids(), old.values()) };
+            let new = RecordPtr::<V>::build(
+                old.len() + n,
+                old_ids
+                    .iter()
+                    .copied()
+                    .zip(old_vals.iter().cloned())
+                    .chain((0..n).map(|i| (ids(i), next()))),
+            );
+            st.next_seq += n as u64;
+            Self::publish(slot, new.into_raw());
+            stripe
+                .values
+                .store(stripe.values.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+            stripe.record_bytes.store(
+                stripe.record_bytes.load(Ordering::Relaxed) + new.bytes() - old.bytes(),
+                Ordering::Relaxed,
+            );
+            drop(st);
+            Self::retire_record(old);
+            return Ok(Some((first, false)));
+        }
+        let table = self.newest();
+        if !table.has_room(1, FORCE_AT) {
+            return Ok(None);
+        }
+        self.reserve_addr()?;
+        let (slot, dist) = table.claim(key);
+        let new = RecordPtr::<V>::build(n, (0..n).map(|i| (ids(i), next())));
+        st.next_seq += n as u64;
+        Self::publish(slot, new.into_raw());
+        stripe
+            .values
+            .store(stripe.values.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+        stripe.record_bytes.store(
+            stripe.record_bytes.load(Ordering::Relaxed) + new.bytes(),
+            Ordering::Relaxed,
+        );
+        drop(st);
+        if dist > LONG_PROBE && table.claimed() * 2 < table.capacity() {
+            self.request_rehash();
+        }
+        Ok(Some((first, true)))
+    }
+
+    /// Unlinks the entry `id` of `key`; returns the record that held it, to
+    /// be retired or drained by the caller after a grace period.
+    fn unlink(&self, key: u64, ids: &[u64]) -> Result<RecordPtr<V>, Error> {
+        let (si, stripe) = self.stripe(key);
+        if ids
+            .iter()
+            .any(|&id| (id as usize) & ((1 << STRIPE_ID_BITS) - 1) != si)
+        {
+            return Err(Error::NotFound);
+        }
+        let _guard = rcu::read_lock();
+        let st = lock(&stripe.lock);
+        let (slot, old) = self.locate(key).ok_or(Error::NotFound)?;
+        // SAFETY: `old` is live under our guard.
+        let (old_ids, old_vals) = unsafe { (old.ids(), old.values()) };
+        let gone = old_ids.iter().filter(|id| ids.contains(id)).count();
+        if gone != ids.len() {
+            return Err(Error::NotFound);
+        }
+        let left = old.len() - gone;
+        let new_bytes = if left == 0 {
+            Self::publish(slot, ptr::null_mut());
+            self.addrs.fetch_sub(1, Ordering::Relaxed);
+            0
+        } else {
+            let new = RecordPtr::<V>::build(
+                left,
+                old_ids
+                    .iter()
+                    .copied()
+                    .zip(old_vals.iter())
+                    .filter(|(id, _)| !ids.contains(id))
+                    .map(|(id, v)| (id, v.clone())),
+            );
+            Self::publish(slot, new.into_raw());
+            new.bytes()
+        };
+        stripe.values.store(
+            stripe.values.load(Ordering::Relaxed) - gone,
+            Ordering::Relaxed,
+        );
+        stripe.record_bytes.store(
+            stripe.record_bytes.load(Ordering::Relaxed) + new_bytes - old.bytes(),
+            Ordering::Relaxed,
+        );
+        drop(st);
+        Ok(old)
+    }
+
+    /// Removes entry `id` of `key`; its value is dropped after a grace period.
+    pub(crate) fn remove(&self, key: u64, id: u64) -> Result<(), Error> {
+        let old = self.unlink(key, &[id])?;
+        Self::retire_record(old);
+        self.after_write(false);
+        Ok(())
+    }
+
+    /// Removes entry `id` of `key`, waits for a grace period, and returns
+    /// its value.
+    pub(crate) fn take(&self, key: u64, id: u64) -> Result<V, Error> {
+        let old = self.unlink(key, &[id])?;
+        self.after_write(false);
+        rcu::synchronize();
+        let mut out = Vec::with_capacity(1);
+        // SAFETY: unlinked under the stripe lock, and a grace period has
+        // passed: no reader can still hold it, and we are its only owner.
+        unsafe { old.free_extracting(|x| x == id, &mut out) };
+        Ok(out.pop().expect("the unlinked record held the id").1)
+    }
+
+    /// Removes every value of `key`, dropping them after a grace period.
+    /// Returns how many there were.
+    pub(crate) fn remove_addr(&self, key: u64) -> usize {
+        let (_, stripe) = self.stripe(key);
+        let guard = rcu::read_lock();
+        let st = lock(&stripe.lock);
+        let Some((slot, old)) = self.locate(key) else {
+            return 0;
+        };
+        Self::publish(slot, ptr::null_mut());
+        self.addrs.fetch_sub(1, Ordering::Relaxed);
+        let n = old.len();
+        stripe
+            .values
+            .store(stripe.values.load(Ordering::Relaxed) - n, Ordering::Relaxed);
+        stripe.record_bytes.store(
+            stripe.record_bytes.load(Ordering::Relaxed) - old.bytes(),
+            Ordering::Relaxed,
+        );
+        drop(st);
+        drop(guard);
+        Self::retire_record(old);
+        self.after_write(false);
+        n
+    }
+
+    /// Bulk insert, all-or-nothing. On error every value comes back in
+    /// input order.
+    pub(crate) fn insert_many(&self, items: Vec<(u64, V)>) -> Result<Vec<u64>, BulkError<V>> {
+        let n = items.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<u64> = items.iter().map(|(k, _)| *k).collect();
+        let mut vals: Vec<Option<V>> = items.into_iter().map(|(_, v)| Some(v)).collect();
+        // Stable: values of one key keep their input order.
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&i| (stripe_of(keys[i], self.stripe_mask), keys[i]));
+        let distinct = 1 + order
+            .windows(2)
+            .filter(|w| keys[w[0]] != keys[w[1]])
+            .count();
+
+        // Up-front capacity check: fails before inserting anything unless
+        // concurrent writers race us (then the rollback below runs).
+        if let Some(max) = self.config.max_addresses {
+            let guard = rcu::read_lock();
+            let new_keys = distinct
+                - order
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, &i)| j == 0 || keys[order[j - 1]] != keys[i])
+                    .filter(|&(_, &i)| !self.lookup_raw(keys[i]).is_null())
+                    .count();
+            drop(guard);
+            if self.addrs.load(Ordering::Relaxed) + new_keys > max {
+                let values = keys
+                    .into_iter()
+                    .zip(vals.into_iter().map(Option::unwrap))
+                    .collect();
+                return Err((Error::CapacityExceeded { max_addresses: max }, values));
+            }
+        }
+        self.presize(distinct);
+
+        let mut ids = vec![0u64; n];
+        let mut inserted: Vec<(u64, usize)> = Vec::with_capacity(distinct); // (key, first index in `order`)
+        let mut j = 0;
+        while j < n {
+            let key = keys[order[j]];
+            let mut end = j + 1;
+            while end < n && keys[order[end]] == key {
+                end += 1;
+            }
+            let group = &order[j..end];
+            let mut taken = 0;
+            let mut next = || {
+                let v = vals[group[taken]].take().expect("each value inserted once");
+                taken += 1;
+                v
+            };
+            match self.try_insert_group(key, &mut next, group.len()) {
+                Ok(Some((first, claimed))) => {
+                    for (i, &pos) in group.iter().enumerate() {
+                        ids[pos] = first + ((i as u64) << STRIPE_ID_BITS);
+                    }
+                    inserted.push((key, j));
+                    j = end;
+                    if claimed || inserted.len() % 64 == 0 {
+                        self.after_write(claimed);
+                    }
+                }
+                Ok(None) => self.grow_blocking(end - j, false),
+                Err(e) => {
+                    // Roll back: unlink what we inserted, wait one grace
+                    // period, move the values back out.
+                    let mut unlinked = Vec::with_capacity(inserted.len());
+                    for &(key, start) in &inserted {
+                        let mut stop = start;
+                        while stop < n && keys[order[stop]] == key {
+                            stop += 1;
+                        }
+                        let gids: Vec<u64> = order[start..stop].iter().map(|&p| ids[p]).collect();
+                        match self.unlink(key, &gids) {
+                            Ok(rec) => unlinked.push((rec, gids)),
+                            // A concurrent writer removed one of our fresh
+                            // ids (ids are not secret); what it removed it
+                            // has dropped, the rest we still unlink.
+                            Err(_) => {
+                                for id in gids {
+                                    if let Ok(rec) = self.unlink(key, &[id]) {
+                                        unlinked.push((rec, vec![id]));
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    rcu::synchronize();
+                    let mut back = Vec::new();
+                    for (rec, gids) in unlinked {
+                        // SAFETY: unlinked above, grace period passed, ours.
+                        unsafe { rec.free_extracting(|id| gids.contains(&id), &mut back) };
+                    }
+                    let pos_of: std::collections::HashMap<u64, usize> = order
+                        .iter()
+                        .map(|&p| (ids[p], p))
+                        .filter(|&(id, _)| id != 0)
+                        .collect();
+                    for (id, v) in back {
+                        vals[pos_of[&id]] = Some(v);
+                    }
+                    let values = keys
+                        .into_iter()
+                        .zip(vals)
+                        .filter_map(|(k, v)| v.map(|v| (k, v)))
+                        .collect();
+                    return Err((e, values));
+                }
+            }
+        }
+        self.after_write(false);
+        Ok(ids)
+    }
+
+    // --------------------------------------------------------------- resize
+
+    /// After a write: help a migration along, or start a resize.
+    ///
+    /// `claimed`: the write claimed a slot. A claim in a table that is being
+    /// migrated into must pay its migration step (waiting for the `resize`
+    /// lock if need be): that is what bounds the new table's load. Other
+    /// writes help only if the lock is free.
+    fn after_write(&self, claimed: bool) {
+        let _guard = rcu::read_lock();
+        // SAFETY: root is live under the guard.
+        let root = unsafe { &*self.root.load(Ordering::Acquire) };
+        let migrating = !root.future.load(Ordering::Acquire).is_null();
+        if migrating {
+            let st = if claimed {
+                Some(lock(&self.resize))
+            } else {
+                self.resize.try_lock().ok()
+            };
+            if let Some(mut st) = st {
+                let budget = st.budget;
+                self.migrate(&mut st, budget);
+            }
+            return;
+        }
+        let grow = !root.has_room(0, GROW_AT);
+        let shrink = self.config.auto_shrink
+            && root.capacity() > self.config.min_capacity
+            && self.addrs.load(Ordering::Relaxed) * 4 < root.capacity();
+        if grow || shrink {
+            if let Ok(mut st) = self.resize.try_lock() {
+                let cap =
+                    capacity_for(self.addrs.load(Ordering::Relaxed), self.config.min_capacity);
+                if grow || cap < root.capacity() {
+                    self.attach(&mut st, cap);
+                }
+            }
+        }
+    }
+
+    fn request_rehash(&self) {
+        if let Ok(mut st) = self.resize.try_lock() {
+            let _guard = rcu::read_lock();
+            // SAFETY: root is live under the guard.
+            let root = unsafe { &*self.root.load(Ordering::Acquire) };
+            if root.future.load(Ordering::Acquire).is_null() {
+                let cap =
+                    capacity_for(self.addrs.load(Ordering::Relaxed), self.config.min_capacity)
+                        .max(root.capacity());
+                self.rehashes.fetch_add(1, Ordering::Relaxed);
+                self.attach(&mut st, cap);
+            }
+        }
+    }
+
+    /// Finishes any migration, then makes sure the newest table has room
+    /// for `extra` more claims below the growth threshold. `tight`: size
+    /// the new table just below the growth threshold (bulk presizing, for
+    /// memory) rather than at 50% load.
+    fn grow_blocking(&self, extra: usize, tight: bool) {
+        let mut st = lock(&self.resize);
+        let _guard = rcu::read_lock();
+        self.finish_migration(&mut st);
+        // SAFETY: root is live under the guard.
+        let root = unsafe { &*self.root.load(Ordering::Acquire) };
+        if !root.has_room(extra, GROW_AT) {
+            let need = self.addrs.load(Ordering::Relaxed) + extra;
+            let cap = if tight {
+                capacity_presized(need, self.config.min_capacity)
+            } else {
+                capacity_for(need, self.config.min_capacity)
+            };
+            self.attach(&mut st, cap);
+            // The new table is empty: claims go there at once; the old
+            // entries follow chunk by chunk.
+        }
+    }
+
+    /// Bulk presizing: with room for `extra` new keys, grow once to the
+    /// final size rather than several times on the way.
+    fn presize(&self, extra: usize) {
+        let _guard = rcu::read_lock();
+        let newest = self.newest();
+        if !newest.has_room(extra, GROW_AT) {
+            drop(_guard);
+            self.grow_blocking(extra, true);
+        }
+    }
+
+    fn finish_migration(&self, st: &mut ResizeState) {
+        loop {
+            // SAFETY: root is live under the caller's guard.
+            let root = unsafe { &*self.root.load(Ordering::Acquire) };
+            if root.future.load(Ordering::Acquire).is_null() {
+                return;
+            }
+            self.migrate(st, usize::MAX);
+        }
+    }
+
+    /// Attaches a new table of (at least) `capacity` slots to the root.
+    /// Caller holds `resize` and a read guard; no migration is in progress.
+    ///
+    /// Load bound: the new table holds at least twice the live keys (every
+    /// caller sizes it so), and at least 1/64 of the old capacity. Each claim
+    /// in it migrates `budget` = `MIGRATE_CHUNK × ⌈old / new⌉` old slots, so
+    /// the migration ends after at most `new / MIGRATE_CHUNK` claims: far
+    /// fewer than the `0.9 × new − live` claims it takes to reach the forced
+    /// threshold.
+    fn attach(&self, st: &mut ResizeState, capacity: usize) {
+        let seed = table_seed(self.config.seed, st.generation);
+        st.generation += 1;
+        // SAFETY: root is live (caller's guard).
+        let old_cap = unsafe { &*self.root.load(Ordering::Acquire) }.capacity();
+        let capacity = capacity.max(old_cap / 64);
+        st.budget = MIGRATE_CHUNK * old_cap.div_ceil(capacity).max(1) + 1;
+        let new = Box::into_raw(Table::new(capacity, seed));
+        let stripes: Vec<_> = self.stripes.iter().map(|s| lock(&s.lock)).collect();
+        // SAFETY: root is live (caller's guard).
+        let root = unsafe { &*self.root.load(Ordering::Acquire) };
+        debug_assert!(root.future.load(Ordering::Relaxed).is_null());
+        // Release: pairs with the Acquire loads of `future` by readers and
+        // writers; the new table's fields are visible. Every stripe lock is
+        // held, so no writer is between reading `future` and claiming.
+        root.future.store(new, Ordering::Release);
+        st.cursor = 0;
+        drop(stripes);
+        self.resizes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Migrates up to `budget` slots of the root into its future; swaps the
+    /// root when done. Caller holds `resize` and a read guard.
+    fn migrate(&self, st: &mut ResizeState, budget: usize) {
+        let old_ptr = self.root.load(Ordering::Acquire);
+        // SAFETY: root is live (caller's guard).
+        let old = unsafe { &*old_ptr };
+        let new_ptr = old.future.load(Ordering::Acquire);
+        if new_ptr.is_null() {
+            return;
+        }
+        // SAFETY: the future is live as long as the root is.
+        let new = unsafe { &*new_ptr };
+        let last = old.capacity(); // inclusive: key 0's slot
+        let end = st.cursor.saturating_add(budget).min(last + 1);
+        for i in st.cursor..end {
+            let (key, slot) = old.slot_at(i);
+            if (key == 0 && i != last) || !is_live(slot.rec.load(Ordering::Relaxed)) {
+                // Empty, tombstone or moved: no claim can revive it (the
+                // table has a future), so no lock is needed to skip it.
+                continue;
+            }
+            let (_, stripe) = self.stripe(key);
+            let guard = lock(&stripe.lock);
+            let rec = slot.rec.load(Ordering::Acquire);
+            if is_live(rec) {
+                let (new_slot, _) = new.claim(key);
+                // New slot first, then MOVED (module docs): a reader that
+                // sees MOVED finds the record in `new`.
+                Self::publish(new_slot, rec);
+                Self::publish(slot, moved());
+            }
+            drop(guard);
+        }
+        st.cursor = end;
+        if end == last + 1 {
+            // Release: pairs with the Acquire loads of `root`.
+            self.root.store(new_ptr, Ordering::Release);
+            // SAFETY: unlinked from `root`; readers that loaded it hold
+            // guards; its records now belong to `new` (all slots are moved,
+            // tombstones or empty), so freeing it frees only its slots.
+            unsafe { rcu::retire_box_raw(old_ptr) };
+        }
+    }
+
+    /// Removes everything. Values are dropped after a grace period.
+    pub(crate) fn clear(&self) {
+        let mut st = lock(&self.resize);
+        let fresh = Box::into_raw(Table::new(
+            self.config.min_capacity,
+            table_seed(self.config.seed, st.generation),
+        ));
+        st.generation += 1;
+        let stripes: Vec<_> = self.stripes.iter().map(|s| lock(&s.lock)).collect();
+        // AcqRel: Release publishes the fresh table; Acquire makes the old
+        // chain ours to retire.
+        let old = self.root.swap(fresh, Ordering::AcqRel);
+        self.addrs.store(0, Ordering::Relaxed);
+        for s in self.stripes.iter() {
+            s.values.store(0, Ordering::Relaxed);
+            s.record_bytes.store(0, Ordering::Relaxed);
+        }
+        st.cursor = 0;
+        drop(stripes);
+        drop(st);
+        // SAFETY: the chain is unlinked and no writer can reach it (we held
+        // every lock while swapping); readers are covered by the grace period.
+        unsafe { rcu::retire_box_raw(Box::into_raw(Box::new(Chain::<V>(old, PhantomData)))) };
+    }
+
+    // ---------------------------------------------------------------- stats
+
+    pub(crate) fn len(&self) -> usize {
+        self.stripes
+            .iter()
+            .map(|s| s.values.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    pub(crate) fn len_addrs(&self) -> usize {
+        self.addrs.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn stats(&self) -> RawStats {
+        let _guard = rcu::read_lock();
+        let mut tables = 0;
+        let mut table_bytes = 0;
+        let mut t = self.root.load(Ordering::Acquire);
+        let mut newest: Option<&Table> = None;
+        while !t.is_null() {
+            // SAFETY: as in `lookup_raw`.
+            let table = unsafe { &*t };
+            tables += 1;
+            table_bytes += table.bytes();
+            newest = Some(table);
+            t = table.future.load(Ordering::Acquire);
+        }
+        let newest = newest.expect("root is never null");
+        let (longest_probe, total_probe) = newest.scan_probes();
+        RawStats {
+            capacity: newest.capacity(),
+            tables,
+            addrs: self.len_addrs(),
+            values: self.len(),
+            claimed: newest.claimed(),
+            longest_probe,
+            total_probe,
+            resizes: self.resizes.load(Ordering::Relaxed),
+            rehashes: self.rehashes.load(Ordering::Relaxed),
+            table_bytes,
+            record_bytes: self
+                .stripes
+                .iter()
+                .map(|s| s.record_bytes.load(Ordering::Relaxed))
+                .sum(),
+        }
+    }
+
+    /// The root table, for iteration. Caller holds a read guard.
+    pub(crate) fn root_table(&self) -> *const Table {
+        self.root.load(Ordering::Acquire)
+    }
+}
+
+/// A table chain and its live records, dropped together after a grace
+/// period by `clear`.
+struct Chain<V>(*mut Table, PhantomData<V>);
+
+// SAFETY: the chain owns its tables and records; records hold `V: Send`.
+unsafe impl<V: Send> Send for Chain<V> {}
+
+impl<V> Drop for Chain<V> {
+    fn drop(&mut self) {
+        // SAFETY: we own the chain (unlinked, grace period passed).
+        unsafe { free_chain::<V>(self.0) }
+    }
+}
+
+/// Frees a chain of tables and every live record in it.
+///
+/// # Safety
+///
+/// The caller owns the chain: no reader or writer can reach it.
+unsafe fn free_chain<V>(mut t: *mut Table) {
+    while !t.is_null() {
+        // SAFETY: caller contract; each table came from `Box::into_raw`.
+        let table = unsafe { Box::from_raw(t) };
+        for (_, slot) in table.slots() {
+            let rec = slot.rec.load(Ordering::Relaxed);
+            if is_live(rec) {
+                // SAFETY: live records are owned by their (only) live slot.
+                unsafe { RecordPtr::<V>::from_raw(rec).free() };
+            }
+        }
+        t = table.future.load(Ordering::Relaxed);
+    }
+}
+
+impl<V> Drop for RawIndex<V> {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self`: no reader borrows the index (lookups borrow
+        // `&'g self`), no writer runs; the chain is ours.
+        unsafe { free_chain::<V>(self.root.load(Ordering::Relaxed)) }
+    }
+}
+
+/// The seed of the `generation`-th table of an index seeded with `seed`.
+fn table_seed(seed: u64, generation: u64) -> u64 {
+    // splitmix64 of (seed, generation): distinct, well-mixed per table.
+    let mut z = seed ^ generation.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Iterates every live (key, record) reachable from `root`.
+pub(crate) struct RawIter<V> {
+    table: *const Table,
+    next: usize,
+    _values: PhantomData<V>,
+}
+
+impl<V> RawIter<V> {
+    /// # Safety
+    ///
+    /// The caller holds a read guard for as long as it uses the iterator.
+    pub(crate) unsafe fn new(root: *const Table) -> Self {
+        Self {
+            table: root,
+            next: 0,
+            _values: PhantomData,
+        }
+    }
+
+    /// The next live key and its record.
+    pub(crate) fn next_record(&mut self) -> Option<(u64, RecordPtr<V>)> {
+        loop {
+            if self.table.is_null() {
+                return None;
+            }
+            // SAFETY: the caller's guard keeps the chain allocated.
+            let table = unsafe { &*self.table };
+            if self.next > table.capacity() {
+                self.table = table.future.load(Ordering::Acquire);
+                self.next = 0;
+                continue;
+            }
+            let (key, slot) = table.slot_at(self.next);
+            self.next += 1;
+            if key == 0 && self.next <= table.capacity() {
+                continue;
+            }
+            let rec = slot.rec.load(Ordering::Acquire);
+            if is_live(rec) {
+                // SAFETY: a live record of `V`s.
+                return Some((key, unsafe { RecordPtr::from_raw(rec) }));
+            }
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! One record per address: every value of the address, contiguous.
+//!
+//! Layout of one allocation (`#[repr(C)]`-style, computed with `Layout`):
+//!
+//! ```text
+//! [ Header { len } | V; len | u64 id; len ]
+//! ```
+//!
+//! A lookup touches the header and the values, usually one cache line, so a
+//! cold lookup costs two dependent misses: the table slot and the record.
+//! Records are immutable once published; a change to an address's values
+//! builds a new record (copy-on-write, cloning the values that stay) and
+//! retires the old one after a grace period.
+//!
+//! Ownership: every value in a *published* record is owned by that record.
+//! When a copy-on-write replaces record `R` by `R'`, the values that stay are
+//! cloned into `R'`; `R` keeps its own copies, which are dropped with `R`
+//! after the grace period (or moved out of `R` by `take`).
+
+use std::alloc::{Layout, alloc, dealloc, handle_alloc_error};
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+/// The fixed part of a record.
+#[repr(C)]
+pub(crate) struct Header {
+    /// Number of values. Invariant: ≥ 1 (an address without values has no
+    /// record: its slot holds null).
+    len: usize,
+}
+
+/// Byte offsets of the two arrays in a record of `len` values.
+struct Shape {
+    layout: Layout,
+    values: usize,
+    ids: usize,
+}
+
+fn shape<V>(len: usize) -> Shape {
+    let header = Layout::new::<Header>();
+    let values = Layout::array::<V>(len).expect("record size overflow");
+    let ids = Layout::array::<u64>(len).expect("record size overflow");
+    let (l, values_off) = header.extend(values).expect("record size overflow");
+    let (l, ids_off) = l.extend(ids).expect("record size overflow");
+    debug_assert_eq!(values_off, values_offset::<V>());
+    Shape {
+        layout: l.pad_to_align(),
+        values: values_off,
+        ids: ids_off,
+    }
+}
+
+/// Offset of the values array: the header rounded up to `V`'s alignment
+/// (independent of the length, so the hot path computes it at compile time).
+#[inline(always)]
+const fn values_offset<V>() -> usize {
+    let a = std::mem::align_of::<V>();
+    (std::mem::size_of::<Header>() + a - 1) & !(a - 1)
+}
+
+/// A pointer to a published (or about to be published) record of `V`s.
+pub(crate) struct RecordPtr<V> {
+    ptr: NonNull<Header>,
+    _values: PhantomData<V>,
+}
+
+impl<V> Clone for RecordPtr<V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<V> Copy for RecordPtr<V> {}
+
+impl<V> RecordPtr<V> {
+    /// Wraps a raw pointer loaded from a slot.
+    ///
+    /// # Safety
+    ///
+    /// `p` was produced by [`RecordPtr::into_raw`] of a record of `V`s that
+    /// has not been freed.
+    #[inline(always)]
+    pub(crate) unsafe fn from_raw(p: *mut Header) -> Self {
+        Self {
+            // SAFETY: records are never null (caller contract).
+            ptr: unsafe { NonNull::new_unchecked(p) },
+            _values: PhantomData,
+        }
+    }
+
+    pub(crate) fn into_raw(self) -> *mut Header {
+        self.ptr.as_ptr()
+    }
+
+    /// Builds a record holding `items` (id, value) in order.
+    ///
+    /// If cloning or the iterator panics, the values written so far are
+    /// dropped and the memory freed.
+    ///
+    /// # Panics
+    ///
+    /// When `items` is empty (records always hold at least one value).
+    pub(crate) fn build(len: usize, items: impl IntoIterator<Item = (u64, V)>) -> Self {
+        assert!(len > 0, "a record holds at least one value");
+        let sh = shape::<V>(len);
+        // SAFETY: the layout has non-zero size (the header is non-empty).
+        let base = unsafe { alloc(sh.layout) };
+        if base.is_null() {
+            handle_alloc_error(sh.layout);
+        }
+        /// Frees a partly built record on unwind.
+        struct Partial<V> {
+            base: *mut u8,
+            layout: Layout,
+            values: *mut V,
+            written: usize,
+        }
+        impl<V> Drop for Partial<V> {
+            fn drop(&mut self) {
+                // SAFETY: exactly `written` values were initialised, and
+                // `base` was allocated with `layout`.
+                unsafe {
+                    std::ptr::slice_from_raw_parts_mut(self.values, self.written).drop_in_place();
+                    dealloc(self.base, self.layout);
+                }
+            }
+        }
+        // SAFETY: the offsets come from `shape`, inside the allocation.
+        let (values, ids) = unsafe {
+            (
+                base.add(sh.values).cast::<V>(),
+                base.add(sh.ids).cast::<u64>(),
+            )
+        };
+        let mut partial = Partial {
+            base,
+            layout: sh.layout,
+            values,
+            written: 0,
+        };
+        for (id, v) in items.into_iter().take(len) {
+            // SAFETY: `written < len`: both arrays have room, and the slots
+            // are uninitialised (written once each).
+            unsafe {
+                values.add(partial.written).write(v);
+                ids.add(partial.written).write(id);
+            }
+            partial.written += 1;
+        }
+        assert_eq!(partial.written, len, "record builder got too few items");
+        std::mem::forget(partial);
+        // SAFETY: the header is at offset 0 of the allocation.
+        unsafe { base.cast::<Header>().write(Header { len }) };
+        Self {
+            // SAFETY: `base` is non-null (checked above).
+            ptr: unsafe { NonNull::new_unchecked(base.cast()) },
+            _values: PhantomData,
+        }
+    }
+
+    /// Number of values.
+    #[inline(always)]
+    pub(crate) fn len(self) -> usize {
+        // SAFETY: `self` points to a live record (type invariant of a
+        // `RecordPtr` obtained from `build` or `from_raw`).
+        unsafe { (*self.ptr.as_ptr()).len }
+    }
+
+    /// The values.
+    ///
+    /// # Safety
+    ///
+    /// The record must stay live for `'a` (the caller holds a read guard, or
+    /// owns the record).
+    #[inline(always)]
+    pub(crate) unsafe fn values<'a>(self) -> &'a [V] {
+        let len = self.len();
+        let off = values_offset::<V>();
+        // SAFETY: `len` initialised values start at `off` (built by `build`),
+        // live for `'a` by the caller's contract.
+        unsafe {
+            std::slice::from_raw_parts(self.ptr.as_ptr().cast::<u8>().add(off).cast::<V>(), len)
+        }
+    }
+
+    /// The entry ids, parallel to [`RecordPtr::values`].
+    ///
+    /// # Safety
+    ///
+    /// As for [`RecordPtr::values`].
+    #[inline]
+    pub(crate) unsafe fn ids<'a>(self) -> &'a [u64] {
+        let len = self.len();
+        let off = shape::<V>(len).ids;
+        // SAFETY: as in `values`.
+        unsafe {
+            std::slice::from_raw_parts(self.ptr.as_ptr().cast::<u8>().add(off).cast::<u64>(), len)
+        }
+    }
+
+    /// Bytes the record occupies (allocation size).
+    pub(crate) fn bytes(self) -> usize {
+        shape::<V>(self.len()).layout.size()
+    }
+
+    /// Drops every value and frees the record.
+    ///
+    /// # Safety
+    ///
+    /// The caller owns the record (no reader can reach it any more, and no
+    /// one else frees it).
+    pub(crate) unsafe fn free(self) {
+        // SAFETY: caller contract; `values` is valid until the dealloc.
+        unsafe {
+            let sh = shape::<V>(self.len());
+            std::ptr::drop_in_place(self.values::<'_>() as *const [V] as *mut [V]);
+            dealloc(self.ptr.as_ptr().cast(), sh.layout);
+        }
+    }
+
+    /// Moves out the values whose ids satisfy `keep_out`, drops the others,
+    /// and frees the record.
+    ///
+    /// # Safety
+    ///
+    /// As for [`RecordPtr::free`].
+    pub(crate) unsafe fn free_extracting(
+        self,
+        mut keep_out: impl FnMut(u64) -> bool,
+        out: &mut Vec<(u64, V)>,
+    ) {
+        let sh = shape::<V>(self.len());
+        // SAFETY: caller contract: we own the record; each value is read or
+        // dropped exactly once, then the memory is freed.
+        unsafe {
+            let values = self.values::<'_>().as_ptr();
+            let ids = self.ids::<'_>();
+            for (i, &id) in ids.iter().enumerate() {
+                let v = values.add(i) as *mut V;
+                if keep_out(id) {
+                    out.push((id, v.read()));
+                } else {
+                    v.drop_in_place();
+                }
+            }
+            dealloc(self.ptr.as_ptr().cast(), sh.layout);
+        }
+    }
+}
+
+/// Type-erased destructor for deferred reclamation of a record of `V`s.
+///
+/// # Safety
+///
+/// `p` is an owned record of `V`s, unreachable by any reader.
+pub(crate) unsafe fn drop_record<V>(p: *mut ()) {
+    // SAFETY: caller contract.
+    unsafe { RecordPtr::<V>::from_raw(p.cast()).free() }
+}

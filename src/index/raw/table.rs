@@ -1,0 +1,283 @@
+//! One open-addressing table of the address index.
+//!
+//! `capacity` (a power of two) slots of 16 bytes, four per cache line, each
+//! `{ key: u64, rec: *Record }`, probed linearly from `hash(key, seed)`.
+//!
+//! # Slot states
+//!
+//! | key | rec | meaning |
+//! |---|---|---|
+//! | 0 | null | empty: ends every probe sequence |
+//! | k | null | k has no values here (never had, or all removed: a tombstone) |
+//! | k | live | k's values live here |
+//! | k | `MOVED` | k's values were migrated to `future` |
+//!
+//! # Invariants
+//!
+//! * **Keys are write-once.** A slot's key goes from 0 to `k` by CAS and
+//!   never changes again in this table, so a reader that matched `k` can
+//!   trust the slot without re-checking, and a probe sequence never gets a
+//!   hole (an empty slot never reappears). Tombstones are cleared only by
+//!   migrating to a new table.
+//! * **One slot per key per table.** Only holders of the key's stripe lock
+//!   claim a slot for it, after searching the whole probe sequence.
+//! * **At most one live slot per key across a chain of tables** (`root`,
+//!   `root.future`, …): migration writes the new slot before it marks the
+//!   old one `MOVED`, both under the key's stripe lock.
+//! * **No claims in a table that has a future.** The future is attached while
+//!   every stripe lock is held, and writers read `future` under their stripe
+//!   lock before claiming, so the migration cursor never passes a slot that
+//!   is claimed later.
+//! * The table is never full: writers grow it at 80% claimed slots and force
+//!   a resize before 90%, so every probe meets an empty slot.
+//!
+//! Key 0 cannot live in a slot (0 marks empty); it has a dedicated slot.
+
+use std::ptr;
+
+use super::record::Header;
+use crate::sync::{AtomicPtr, AtomicU64, AtomicUsize, CachePadded, Ordering};
+
+/// Marks a slot whose values moved to the next table. Never dereferenced.
+#[inline(always)]
+pub(crate) fn moved() -> *mut Header {
+    ptr::without_provenance_mut(1)
+}
+
+/// Whether `rec` is a record pointer (neither null nor `MOVED`).
+#[inline(always)]
+pub(crate) fn is_live(rec: *mut Header) -> bool {
+    rec.addr() > 1
+}
+
+/// One slot: see the module docs for its states.
+pub(crate) struct Slot {
+    pub(crate) key: AtomicU64,
+    pub(crate) rec: AtomicPtr<Header>,
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Self {
+            key: AtomicU64::new(0),
+            rec: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+}
+
+/// The seeded hash. One 64×64→128-bit multiply folded to 64 bits: every
+/// input bit reaches the low bits used as the index, so dense or strided
+/// address sets (all in one 64 KiB range, all multiples of 4096) spread like
+/// random ones. The seed is per table and changes on every resize or rehash.
+#[inline(always)]
+pub(crate) fn hash(key: u64, seed: u64) -> u64 {
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let x = (key ^ seed) as u128 * (seed | 1).wrapping_mul(K) as u128;
+    let y = (x as u64) ^ ((x >> 64) as u64);
+    // A second fold keeps low bits good when the seed's multiplier is weak.
+    let z = (y as u128) * (K as u128);
+    (z as u64) ^ ((z >> 64) as u64)
+}
+
+/// Probe length beyond which a writer asks for a rehash with a new seed,
+/// when the table is under half full. With a random-quality hash the
+/// longest probe at 50% load is about 30 even at 32k keys; 128 means the
+/// keys are defeating the seed.
+pub(crate) const LONG_PROBE: usize = 128;
+
+/// Numerator/denominator of the claimed-slot load at which writers start a
+/// resize, and at which they force one before claiming.
+pub(crate) const GROW_AT: (usize, usize) = (4, 5);
+pub(crate) const FORCE_AT: (usize, usize) = (9, 10);
+
+pub(crate) struct Table {
+    /// Invariant: `slots.len() == mask + 1`, a power of two.
+    slots: Box<[Slot]>,
+    mask: usize,
+    seed: u64,
+    /// The slot of key 0.
+    zero: Slot,
+    /// The table being migrated into; null when none. Set once (by CAS,
+    /// under every stripe lock), never cleared.
+    pub(crate) future: AtomicPtr<Table>,
+    /// Slots whose key is set (live, tombstones and moved). Writers only.
+    claimed: CachePadded<AtomicUsize>,
+}
+
+/// What a probe found.
+pub(crate) enum Probe<'t> {
+    /// The key's slot.
+    Found(&'t Slot),
+    /// The key is not in this table.
+    Absent,
+}
+
+impl Table {
+    /// A table of `capacity` (a power of two) empty slots.
+    pub(crate) fn new(capacity: usize, seed: u64) -> Box<Self> {
+        assert!(capacity.is_power_of_two());
+        Box::new(Self {
+            slots: zeroed_slots(capacity),
+            mask: capacity - 1,
+            seed,
+            zero: Slot::default(),
+            future: AtomicPtr::new(ptr::null_mut()),
+            claimed: CachePadded(AtomicUsize::new(0)),
+        })
+    }
+
+    #[inline(always)]
+    pub(crate) fn capacity(&self) -> usize {
+        self.mask + 1
+    }
+
+    pub(crate) fn claimed(&self) -> usize {
+        self.claimed.load(Ordering::Relaxed)
+    }
+
+    /// Whether one more claim keeps the table under `num/den` claimed.
+    pub(crate) fn has_room(&self, extra: usize, (num, den): (usize, usize)) -> bool {
+        (self.claimed() + extra) * den <= self.capacity() * num
+    }
+
+    /// The record pointer of `key` in this table: null when absent or
+    /// without values, `MOVED`, or live. Lock-free, wait-free in the
+    /// absence of writers, no stores.
+    #[inline(always)]
+    pub(crate) fn lookup(&self, key: u64) -> *mut Header {
+        match self.probe(key) {
+            // Acquire: pairs with the Release store that published the
+            // record (`publish`); its contents are visible.
+            Probe::Found(slot) => slot.rec.load(Ordering::Acquire),
+            Probe::Absent => ptr::null_mut(),
+        }
+    }
+
+    /// Finds `key`'s slot.
+    #[inline(always)]
+    pub(crate) fn probe(&self, key: u64) -> Probe<'_> {
+        if key == 0 {
+            return Probe::Found(&self.zero);
+        }
+        let mut i = hash(key, self.seed) as usize & self.mask;
+        loop {
+            // SAFETY: `i <= mask < slots.len()`.
+            let slot = unsafe { self.slots.get_unchecked(i) };
+            // Relaxed: keys are write-once and carry no data; the record is
+            // read with Acquire.
+            let k = slot.key.load(Ordering::Relaxed);
+            if k == key {
+                return Probe::Found(slot);
+            }
+            if k == 0 {
+                return Probe::Absent;
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// Finds or claims `key`'s slot. Caller holds `key`'s stripe lock and
+    /// has checked `future` is null and the table has room.
+    ///
+    /// Returns the slot and the probe distance of a new claim (0 when the
+    /// slot existed).
+    pub(crate) fn claim(&self, key: u64) -> (&Slot, usize) {
+        if key == 0 {
+            return (&self.zero, 0);
+        }
+        let mut i = hash(key, self.seed) as usize & self.mask;
+        let mut dist = 0;
+        loop {
+            // SAFETY: `i <= mask < slots.len()`.
+            let slot = unsafe { self.slots.get_unchecked(i) };
+            let k = slot.key.load(Ordering::Relaxed);
+            if k == key {
+                return (slot, 0);
+            }
+            if k == 0 {
+                // Relaxed suffices: the key carries no data (the record is
+                // published with Release later), and other claimers only
+                // need the CAS's atomicity. Losing means another key took
+                // the slot; keep probing.
+                match slot
+                    .key
+                    .compare_exchange(0, key, Ordering::Relaxed, Ordering::Relaxed)
+                {
+                    Ok(_) => {
+                        self.claimed.fetch_add(1, Ordering::Relaxed);
+                        return (slot, dist);
+                    }
+                    Err(other) if other == key => unreachable!("key claimed twice"),
+                    Err(_) => {}
+                }
+            }
+            i = (i + 1) & self.mask;
+            dist += 1;
+            // Unreachable while the load bounds hold (module docs); a panic
+            // beats spinning forever if they were ever broken.
+            assert!(dist <= self.mask, "address index table full");
+        }
+    }
+
+    /// Every slot including key 0's, with its key.
+    pub(crate) fn slots(&self) -> impl Iterator<Item = (u64, &Slot)> {
+        self.slots
+            .iter()
+            .map(|s| (s.key.load(Ordering::Relaxed), s))
+            .chain(std::iter::once((0, &self.zero)))
+    }
+
+    /// Slot `i` for migration, `i` in `0..=capacity` (the last is key 0's).
+    pub(crate) fn slot_at(&self, i: usize) -> (u64, &Slot) {
+        if i == self.capacity() {
+            (0, &self.zero)
+        } else {
+            let s = &self.slots[i];
+            (s.key.load(Ordering::Relaxed), s)
+        }
+    }
+
+    /// Longest and total distance of the table's keys from their home
+    /// slots (a full scan; statistics only).
+    pub(crate) fn scan_probes(&self) -> (usize, usize) {
+        let (mut longest, mut total) = (0, 0);
+        for (i, s) in self.slots.iter().enumerate() {
+            let k = s.key.load(Ordering::Relaxed);
+            if k != 0 {
+                let home = hash(k, self.seed) as usize & self.mask;
+                let d = i.wrapping_sub(home) & self.mask;
+                longest = longest.max(d);
+                total += d;
+            }
+        }
+        (longest, total)
+    }
+
+    /// Bytes of the table itself.
+    pub(crate) fn bytes(&self) -> usize {
+        std::mem::size_of::<Self>() + self.slots.len() * std::mem::size_of::<Slot>()
+    }
+}
+
+/// `n` empty slots. Through `alloc_zeroed` (calloc: fresh pages come from
+/// the kernel already zero, so a large table costs no O(n) write up front);
+/// all-zero bits are a valid empty `Slot`.
+#[cfg(not(loom))]
+fn zeroed_slots(n: usize) -> Box<[Slot]> {
+    let layout = std::alloc::Layout::array::<Slot>(n).expect("table size overflow");
+    // SAFETY: `n > 0` (capacity is a power of two), so the layout is
+    // non-zero-sized.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<Slot>();
+    if p.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    // SAFETY: `p` points to `n` zeroed `Slot`s (an AtomicU64 and an
+    // AtomicPtr, both valid as all-zero), allocated with the global
+    // allocator with `Layout::array::<Slot>(n)`, as `Box<[Slot]>` expects.
+    unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(p, n)) }
+}
+
+#[cfg(loom)]
+fn zeroed_slots(n: usize) -> Box<[Slot]> {
+    (0..n).map(|_| Slot::default()).collect()
+}

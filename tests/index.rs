@@ -1,0 +1,679 @@
+//! Tests of `fprobe::AddrIndex`: API behaviour, a model-based property
+//! test, adversarial address sets and a concurrent stress test.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use fprobe::{AddrIndex, EntryId, Error, rcu};
+use proptest::prelude::*;
+
+fn small() -> AddrIndex<u64> {
+    AddrIndex::builder()
+        .min_capacity(8)
+        .stripes(4)
+        .hash_seed(7)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn insert_get_remove_take() {
+    let index = small();
+    let a = index.insert(0x1000, 1).unwrap();
+    let b = index.insert(0x1000, 2).unwrap();
+    let c = index.insert(0x1000, 1).unwrap(); // same value twice: two ids
+    assert!(a != b && b != c && a != c);
+    {
+        let g = rcu::read_lock();
+        assert_eq!(index.get(0x1000, &g), &[1, 2, 1]);
+        let (ids, vals) = index.get_with_ids(0x1000, &g);
+        assert_eq!(ids, &[a, b, c]);
+        assert_eq!(vals, &[1, 2, 1]);
+        assert!(index.get(0x2000, &g).is_empty());
+    }
+    assert_eq!((index.len(), index.len_addrs()), (3, 1));
+    index.remove(0x1000, b).unwrap();
+    assert_eq!(index.lookup(0x1000, |v| v.to_vec()), Some(vec![1, 1]));
+    assert_eq!(index.take(0x1000, c).unwrap(), 1);
+    assert_eq!(index.remove(0x1000, b), Err(Error::NotFound));
+    assert_eq!(index.remove(0x2000, a), Err(Error::NotFound));
+    assert_eq!(index.take(0x1000, c), Err(Error::NotFound));
+    index.remove(0x1000, a).unwrap();
+    assert!(!index.contains(0x1000));
+    assert!(index.is_empty());
+    assert_eq!(index.len(), 0);
+}
+
+#[test]
+fn id_of_another_address_is_not_found_and_changes_nothing() {
+    let index = small();
+    let a = index.insert(1, 10).unwrap();
+    index.insert(2, 20).unwrap();
+    assert_eq!(index.remove(2, a), Err(Error::NotFound));
+    assert_eq!(index.lookup(1, |v| v.to_vec()), Some(vec![10]));
+    assert_eq!(index.lookup(2, |v| v.to_vec()), Some(vec![20]));
+    assert_eq!(
+        index.remove(1, EntryId::from_u64(u64::MAX)),
+        Err(Error::NotFound)
+    );
+}
+
+#[test]
+fn address_zero_and_max_are_ordinary_keys() {
+    let index = small();
+    for a in [0u64, u64::MAX, 1] {
+        index.insert(a, a).unwrap();
+    }
+    for a in [0u64, u64::MAX, 1] {
+        assert_eq!(index.lookup(a, |v| v.to_vec()), Some(vec![a]));
+    }
+    // Through a few resizes, too.
+    index.insert_many((2..2000u64).map(|a| (a, a))).unwrap();
+    for a in [0u64, u64::MAX, 1, 1999] {
+        assert_eq!(index.lookup(a, |v| v[0]), Some(a));
+    }
+    let g = rcu::read_lock();
+    assert_eq!(index.iter(&g).count(), 2001);
+}
+
+#[test]
+fn max_addresses_is_enforced_and_hands_values_back() {
+    let index = AddrIndex::builder().max_addresses(3).build().unwrap();
+    for a in 0..3u64 {
+        index.insert(a, format!("v{a}")).unwrap();
+    }
+    // More values for an existing address are fine.
+    index.insert(1, "again".to_string()).unwrap();
+    let err = index.insert(99, "refused".to_string()).unwrap_err();
+    assert_eq!(err.error, Error::CapacityExceeded { max_addresses: 3 });
+    assert_eq!(err.into_value(), "refused");
+    assert!(!index.contains(99));
+    assert_eq!(index.len_addrs(), 3);
+}
+
+#[test]
+fn insert_many_is_all_or_nothing() {
+    let index = AddrIndex::builder().max_addresses(100).build().unwrap();
+    index.insert_many((0..90u64).map(|a| (a, a))).unwrap();
+    let before: Vec<_> = {
+        let g = rcu::read_lock();
+        let mut v: Vec<_> = index.iter(&g).map(|(a, v)| (a, v.to_vec())).collect();
+        v.sort();
+        v
+    };
+    // 20 new addresses do not fit: nothing changes, everything comes back.
+    let batch: Vec<(u64, u64)> = (80..110u64).map(|a| (a, a + 1000)).collect();
+    let err = index.insert_many(batch.clone()).unwrap_err();
+    assert_eq!(err.error, Error::CapacityExceeded { max_addresses: 100 });
+    assert_eq!(err.values, batch);
+    let after: Vec<_> = {
+        let g = rcu::read_lock();
+        let mut v: Vec<_> = index.iter(&g).map(|(a, v)| (a, v.to_vec())).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(before, after);
+    // A batch that fits goes in, in input order per address.
+    let ids = index
+        .insert_many(vec![(5, 1), (200, 2), (5, 3), (201, 4)])
+        .unwrap();
+    assert_eq!(ids.len(), 4);
+    assert_eq!(index.lookup(5, |v| v.to_vec()), Some(vec![5, 1, 3]));
+    index.remove(5, ids[2]).unwrap();
+    assert_eq!(index.lookup(5, |v| v.to_vec()), Some(vec![5, 1]));
+}
+
+#[test]
+fn insert_many_rollback_after_concurrent_fill() {
+    // Force the mid-way failure path: another thread fills the index while
+    // a bulk insert runs; whichever fails must leave nothing behind.
+    for round in 0..20u64 {
+        let index = Arc::new(
+            AddrIndex::builder()
+                .max_addresses(600)
+                .min_capacity(8)
+                .build()
+                .unwrap(),
+        );
+        let i2 = index.clone();
+        let other = std::thread::spawn(move || {
+            (0..400u64)
+                .filter(|a| i2.insert(1_000_000 + a, round).is_ok())
+                .count()
+        });
+        let batch: Vec<(u64, u64)> = (0..400u64).map(|a| (a, a)).collect();
+        let bulk = index.insert_many(batch.clone());
+        let singles = other.join().unwrap();
+        match bulk {
+            Ok(ids) => {
+                assert_eq!(ids.len(), 400);
+                assert_eq!(index.len_addrs(), 400 + singles);
+            }
+            Err(e) => {
+                let mut back = e.values;
+                back.sort();
+                assert_eq!(back, batch, "every value handed back");
+                assert_eq!(index.len_addrs(), singles);
+                for a in 0..400u64 {
+                    assert!(!index.contains(a), "rolled-back address {a} still present");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn builder_rejects_bad_configuration() {
+    let bad = [
+        AddrIndex::<u8>::builder().min_capacity(0).build().err(),
+        AddrIndex::<u8>::builder().min_capacity(100).build().err(),
+        AddrIndex::<u8>::builder().stripes(3).build().err(),
+        AddrIndex::<u8>::builder().max_addresses(0).build().err(),
+        AddrIndex::<u8>::builder()
+            .capacity(10)
+            .max_addresses(5)
+            .build()
+            .err(),
+        AddrIndex::<u8>::builder()
+            .capacity(usize::MAX)
+            .build()
+            .err(),
+    ];
+    for e in bad {
+        assert!(matches!(e, Some(Error::InvalidConfig(_))), "{e:?}");
+    }
+}
+
+#[test]
+fn clear_and_drop_release_every_value() {
+    #[derive(Debug)]
+    struct Counted(Arc<AtomicUsize>);
+    impl Clone for Counted {
+        fn clone(&self) -> Self {
+            self.0.fetch_add(1, Ordering::Relaxed); // +1 live
+            Counted(self.0.clone())
+        }
+    }
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    let live = Arc::new(AtomicUsize::new(0));
+    let mk = |live: &Arc<AtomicUsize>| {
+        live.fetch_add(1, Ordering::Relaxed);
+        Counted(live.clone())
+    };
+    let index = AddrIndex::builder().min_capacity(8).build().unwrap();
+    for a in 0..500u64 {
+        index.insert(a % 97, mk(&live)).unwrap();
+    }
+    let ids = index
+        .insert_many((0..300u64).map(|a| (a, mk(&live))))
+        .unwrap();
+    for (a, id) in (0..300u64).zip(&ids).step_by(3) {
+        index.remove(a, *id).unwrap();
+    }
+    index.clear();
+    rcu::barrier();
+    assert_eq!(live.load(Ordering::Relaxed), 0, "clear dropped everything");
+    for a in 0..200u64 {
+        index.insert(a, mk(&live)).unwrap();
+    }
+    drop(index);
+    rcu::barrier();
+    assert_eq!(live.load(Ordering::Relaxed), 0, "drop released everything");
+}
+
+#[test]
+fn resizes_grow_and_shrink() {
+    let index = AddrIndex::builder()
+        .min_capacity(8)
+        .auto_shrink(true)
+        .build()
+        .unwrap();
+    let mut ids = Vec::new();
+    for a in 0..5000u64 {
+        ids.push(index.insert(a * 7919, a).unwrap());
+    }
+    let grown = index.stats();
+    assert!(grown.capacity >= 5000 && grown.resizes > 5, "{grown:?}");
+    for (a, id) in (0..5000u64).zip(&ids).skip(100) {
+        index.remove(a * 7919, *id).unwrap();
+    }
+    for a in 0..100u64 {
+        assert_eq!(index.lookup(a * 7919, |v| v[0]), Some(a));
+    }
+    let shrunk = index.stats();
+    assert!(
+        shrunk.capacity < grown.capacity / 4,
+        "{grown:?} -> {shrunk:?}"
+    );
+}
+
+/// Adversarial layouts must probe like random keys: all multiples of 4096,
+/// every word of one 64 KiB range, and a strided set, against pseudo-random
+/// addresses of the same count.
+#[test]
+fn adversarial_address_sets_hash_well() {
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let random: Vec<u64> = (0..50_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        })
+        .collect();
+    let baseline = {
+        let index = AddrIndex::<()>::builder().build().unwrap();
+        index.insert_many(random.iter().map(|&a| (a, ()))).unwrap();
+        index.stats()
+    };
+    let sets: [(&str, Vec<u64>); 3] = [
+        ("page-aligned", (1..=50_000u64).map(|i| i << 12).collect()),
+        (
+            "one 64 KiB range",
+            (0..16_384u64).map(|i| 0x7f00_0000_0000 + i * 4).collect(),
+        ),
+        ("stride 2^20", (1..=20_000u64).map(|i| i << 20).collect()),
+    ];
+    for (name, addrs) in sets {
+        let index = AddrIndex::<()>::builder().build().unwrap();
+        index.insert_many(addrs.iter().map(|&a| (a, ()))).unwrap();
+        let s = index.stats();
+        assert!(
+            s.mean_probe <= 2.0 * baseline.mean_probe.max(0.5),
+            "{name}: {s:?} vs random {baseline:?}"
+        );
+        assert!(
+            s.longest_probe < 4 * baseline.longest_probe.max(32),
+            "{name}: {s:?}"
+        );
+        assert_eq!(s.rehashes, 0, "{name}: {s:?}");
+    }
+}
+
+#[test]
+fn memory_per_address_at_50k() {
+    let index = AddrIndex::<usize>::with_capacity(50_000);
+    index
+        .insert_many((0..50_000u64).map(|a| (0x40_0000 + a * 48, a as usize)))
+        .unwrap();
+    let s = index.stats();
+    println!("50k single-value addresses: {s:?}");
+    assert!(s.bytes_per_address <= 64.0, "{s:?}");
+}
+
+// ------------------------------------------------------------ model check
+
+#[derive(Clone, Debug)]
+enum Op {
+    Insert(u64, u32),
+    InsertMany(Vec<(u64, u32)>),
+    Remove(u64, usize),
+    Take(u64, usize),
+    RemoveUnknown(u64, u64),
+    RemoveAddr(u64),
+    Get(u64),
+    Clear,
+    Iter,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let key = prop_oneof![0u64..24, Just(0u64), Just(u64::MAX), any::<u64>()];
+    prop_oneof![
+        6 => (key.clone(), any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)),
+        2 => prop::collection::vec((key.clone(), any::<u32>()), 0..40).prop_map(Op::InsertMany),
+        4 => (key.clone(), any::<usize>()).prop_map(|(k, i)| Op::Remove(k, i)),
+        1 => (key.clone(), any::<usize>()).prop_map(|(k, i)| Op::Take(k, i)),
+        1 => (key.clone(), any::<u64>()).prop_map(|(k, i)| Op::RemoveUnknown(k, i)),
+        1 => key.clone().prop_map(Op::RemoveAddr),
+        3 => key.prop_map(Op::Get),
+        1 => Just(Op::Clear),
+        1 => Just(Op::Iter),
+    ]
+}
+
+type Model = HashMap<u64, Vec<(EntryId, u32)>>;
+
+fn check_all(index: &AddrIndex<u32>, model: &Model) {
+    let g = rcu::read_lock();
+    for (k, entries) in model {
+        let (ids, vals) = index.get_with_ids(*k, &g);
+        let want_ids: Vec<EntryId> = entries.iter().map(|e| e.0).collect();
+        let want_vals: Vec<u32> = entries.iter().map(|e| e.1).collect();
+        assert_eq!(ids, &want_ids[..], "ids of {k:#x}");
+        assert_eq!(vals, &want_vals[..], "values of {k:#x}");
+    }
+    let mut seen: Vec<(u64, Vec<u32>)> = index.iter(&g).map(|(k, v)| (k, v.to_vec())).collect();
+    seen.sort();
+    let mut want: Vec<(u64, Vec<u32>)> = model
+        .iter()
+        .map(|(k, e)| (*k, e.iter().map(|x| x.1).collect()))
+        .collect();
+    want.sort();
+    assert_eq!(seen, want);
+    assert_eq!(index.len_addrs(), model.len());
+    assert_eq!(index.len(), model.values().map(Vec::len).sum::<usize>());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: if cfg!(miri) { 4 } else { 128 }, ..ProptestConfig::default() })]
+    #[test]
+    fn matches_hashmap_model(ops in prop::collection::vec(op(), 1..120)) {
+        let index: AddrIndex<u32> = AddrIndex::builder()
+            .min_capacity(8)
+            .auto_shrink(true)
+            .stripes(2)
+            .build()
+            .unwrap();
+        let mut model: Model = HashMap::new();
+        for op in ops {
+            match op {
+                Op::Insert(k, v) => {
+                    let id = index.insert(k, v).unwrap();
+                    model.entry(k).or_default().push((id, v));
+                }
+                Op::InsertMany(items) => {
+                    let ids = index.insert_many(items.clone()).unwrap();
+                    for ((k, v), id) in items.into_iter().zip(ids) {
+                        model.entry(k).or_default().push((id, v));
+                    }
+                }
+                Op::Remove(k, i) | Op::Take(k, i) => {
+                    let take = matches!(op, Op::Take(..));
+                    match model.get_mut(&k) {
+                        Some(entries) => {
+                            let (id, v) = entries.remove(i % entries.len());
+                            if entries.is_empty() {
+                                model.remove(&k);
+                            }
+                            if take {
+                                prop_assert_eq!(index.take(k, id), Ok(v));
+                            } else {
+                                prop_assert_eq!(index.remove(k, id), Ok(()));
+                            }
+                            // Removing twice fails and changes nothing.
+                            prop_assert_eq!(index.remove(k, id), Err(Error::NotFound));
+                        }
+                        None => {
+                            prop_assert_eq!(index.remove(k, EntryId::from_u64(i as u64)), Err(Error::NotFound));
+                        }
+                    }
+                }
+                Op::RemoveUnknown(k, raw) => {
+                    let known = model.get(&k).is_some_and(|e| e.iter().any(|x| x.0.as_u64() == raw));
+                    if !known {
+                        prop_assert_eq!(index.remove(k, EntryId::from_u64(raw)), Err(Error::NotFound));
+                    }
+                }
+                Op::RemoveAddr(k) => {
+                    let n = model.remove(&k).map_or(0, |e| e.len());
+                    prop_assert_eq!(index.remove_addr(k), n);
+                }
+                Op::Get(k) => {
+                    let want: Vec<u32> = model.get(&k).map(|e| e.iter().map(|x| x.1).collect()).unwrap_or_default();
+                    prop_assert_eq!(index.lookup(k, |v| v.to_vec()).unwrap_or_default(), want);
+                }
+                Op::Clear => {
+                    index.clear();
+                    model.clear();
+                }
+                Op::Iter => check_all(&index, &model),
+            }
+        }
+        check_all(&index, &model);
+    }
+}
+
+// --------------------------------------------------------------- stress
+
+fn stress_duration() -> Duration {
+    let ms = std::env::var("FPROBE_STRESS_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if cfg!(miri) { 50 } else { 1500 });
+    Duration::from_millis(ms)
+}
+
+/// Value whose drop is counted and that poisons itself, so a reader that
+/// sees a dropped value notices.
+#[derive(Debug)]
+struct Tracked {
+    key: u64,
+    serial: u64,
+    alive: AtomicBool,
+    drops: Arc<Vec<AtomicUsize>>,
+}
+
+impl Clone for Tracked {
+    fn clone(&self) -> Self {
+        // Clones are copies made by copy-on-write; they share the serial
+        // and are not counted (only originals are, see `Drop`).
+        Tracked {
+            key: self.key,
+            serial: self.serial | 1 << 63,
+            alive: AtomicBool::new(true),
+            drops: self.drops.clone(),
+        }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        assert!(self.alive.swap(false, Ordering::Relaxed), "dropped twice");
+        if self.serial >> 63 == 0 {
+            self.drops[self.serial as usize].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Writers insert and remove values on their own keys (many resizes: the
+/// table starts at 8 slots), readers check that every value they see is
+/// alive and belongs to the key, and that values known to be present are
+/// found. At the end every value was dropped exactly once.
+#[test]
+fn concurrent_stress() {
+    const WRITERS: usize = 3;
+    const READERS: usize = 3;
+    const KEYS_PER_WRITER: u64 = 512;
+    const MAX_SERIALS: usize = 1 << 22;
+    let drops: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..MAX_SERIALS).map(|_| AtomicUsize::new(0)).collect());
+    let index = Arc::new(
+        AddrIndex::builder()
+            .min_capacity(8)
+            .auto_shrink(true)
+            .stripes(4)
+            .build()
+            .unwrap(),
+    );
+    // A permanent key every reader must always find.
+    let pinned = Tracked {
+        key: u64::MAX - 1,
+        serial: 0,
+        alive: AtomicBool::new(true),
+        drops: drops.clone(),
+    };
+    index.insert(u64::MAX - 1, pinned).unwrap();
+    let serial = Arc::new(AtomicUsize::new(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(WRITERS + READERS + 1));
+    let mut writers = Vec::new();
+    for w in 0..WRITERS as u64 {
+        let (index, serial, stop, start, drops) = (
+            index.clone(),
+            serial.clone(),
+            stop.clone(),
+            start.clone(),
+            drops.clone(),
+        );
+        writers.push(std::thread::spawn(move || {
+            start.wait();
+            let mut live: Vec<(u64, EntryId)> = Vec::new();
+            let mut rng = w.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut ops = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let key = w << 32 | (rng % KEYS_PER_WRITER);
+                if live.len() < 600 && rng % 3 != 0 {
+                    let s = serial.fetch_add(1, Ordering::Relaxed);
+                    assert!(s < MAX_SERIALS);
+                    let v = Tracked {
+                        key,
+                        serial: s as u64,
+                        alive: AtomicBool::new(true),
+                        drops: drops.clone(),
+                    };
+                    if rng % 7 == 0 {
+                        let ids = index.insert_many([(key, v)]).unwrap();
+                        live.push((key, ids[0]));
+                    } else {
+                        live.push((key, index.insert(key, v).unwrap()));
+                    }
+                } else if !live.is_empty() {
+                    let (key, id) = live.swap_remove((rng as usize / 3) % live.len());
+                    if rng % 11 == 0 {
+                        let v = index.take(key, id).unwrap();
+                        assert_eq!(v.key, key);
+                    } else {
+                        index.remove(key, id).unwrap();
+                    }
+                    // Removed: a lookup that starts now must not see it.
+                    let g = rcu::read_lock();
+                    let (ids, _) = index.get_with_ids(key, &g);
+                    assert!(!ids.contains(&id), "removed value still visible");
+                }
+                // Everything this writer believes present is present.
+                if ops % 64 == 0 {
+                    let g = rcu::read_lock();
+                    for (key, id) in &live {
+                        assert!(index.get_with_ids(*key, &g).0.contains(id), "lost value");
+                    }
+                }
+                ops += 1;
+            }
+            for (key, id) in live {
+                index.remove(key, id).unwrap();
+            }
+            ops
+        }));
+    }
+    let mut readers = Vec::new();
+    for r in 0..READERS as u64 {
+        let (index, stop, start) = (index.clone(), stop.clone(), start.clone());
+        readers.push(std::thread::spawn(move || {
+            start.wait();
+            let mut rng = (r + 17).wrapping_mul(0xD1B5_4A32_D192_ED03) | 1;
+            let mut seen = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let g = rcu::read_lock();
+                for _ in 0..64 {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let key = ((rng % WRITERS as u64) << 32) | ((rng >> 20) % KEYS_PER_WRITER);
+                    for v in index.get(key, &g) {
+                        assert!(
+                            v.alive.load(Ordering::Relaxed),
+                            "reader saw a dropped value"
+                        );
+                        assert_eq!(v.key, key, "value under the wrong key");
+                        seen += 1;
+                    }
+                }
+                assert_eq!(index.get(u64::MAX - 1, &g).len(), 1, "pinned key lost");
+                if rng % 256 == 0 {
+                    for (k, vals) in index.iter(&g) {
+                        for v in vals {
+                            assert_eq!(v.key, k);
+                            assert!(v.alive.load(Ordering::Relaxed));
+                        }
+                    }
+                }
+            }
+            seen
+        }));
+    }
+    start.wait();
+    std::thread::sleep(stress_duration());
+    stop.store(true, Ordering::Relaxed);
+    let ops: Vec<u64> = writers.into_iter().map(|h| h.join().unwrap()).collect();
+    let seen: Vec<u64> = readers.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(
+        ops.iter().all(|&o| o > 0) && seen.iter().sum::<u64>() > 0,
+        "{ops:?} {seen:?}"
+    );
+    let stats = index.stats();
+    assert!(stats.resizes > 0);
+    assert_eq!(index.len_addrs(), 1, "{stats:?}");
+    drop(Arc::try_unwrap(index).ok().unwrap());
+    rcu::barrier();
+    let n = serial.load(Ordering::Relaxed);
+    for (s, d) in drops.iter().take(n).enumerate() {
+        assert_eq!(
+            d.load(Ordering::Relaxed),
+            1,
+            "value {s} dropped {} times",
+            d.load(Ordering::Relaxed)
+        );
+    }
+    println!("stress: writer ops {ops:?}, reader values seen {seen:?}, {stats:?}");
+}
+
+#[test]
+fn readers_see_permanent_keys_through_resizes() {
+    // Keys inserted before the readers start are found on every lookup while
+    // a writer grows and shrinks the table around them.
+    let index = Arc::new(
+        AddrIndex::builder()
+            .min_capacity(8)
+            .auto_shrink(true)
+            .build()
+            .unwrap(),
+    );
+    for k in 0..64u64 {
+        index.insert(k * 1_000_003, k).unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (index, stop) = (index.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for k in 0..64u64 {
+                        assert_eq!(
+                            index.lookup(k * 1_000_003, |v| v[0]),
+                            Some(k),
+                            "permanent key {k} missed"
+                        );
+                        n += 1;
+                    }
+                }
+                n
+            })
+        })
+        .collect();
+    let t = Instant::now();
+    let mut cycles = 0;
+    while t.elapsed() < stress_duration() {
+        let ids = index
+            .insert_many((0..3000u64).map(|a| (1 << 40 | a, a)))
+            .unwrap();
+        for (a, id) in (0..3000u64).zip(ids) {
+            index.remove(1 << 40 | a, id).unwrap();
+        }
+        cycles += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    assert!(cycles > 0 && index.stats().resizes >= 2);
+}
