@@ -17,3 +17,8 @@ pub mod rcu;
 
 pub use error::{Error, InsertError, InsertManyError};
 pub use index::{AddrIndex, AddrIndexBuilder, EntryId, IndexStats};
+
+/// The README's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -429,6 +429,14 @@ pub(crate) unsafe fn retire_raw(p: *mut (), drop_fn: unsafe fn(*mut ())) {
     unsafe { reclaim::retire_raw(p, drop_fn) }
 }
 
+/// Under loom there is no reclaimer thread; retired objects are leaked.
+///
+/// # Safety
+///
+/// As for the non-loom version.
+#[cfg(loom)]
+pub(crate) unsafe fn retire_raw(_p: *mut (), _drop_fn: unsafe fn(*mut ())) {}
+
 /// Waits until every object retired (by any thread) before this call has
 /// been dropped: `rcu_barrier()`, for deterministic teardown and tests.
 ///

@@ -216,22 +216,10 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     pub(crate) fn lookup_raw(&self, key: u64) -> *mut Header {
         // Acquire: pairs with the Release stores of `root` (migration swap,
         // clear); the table's fields are visible.
-        let mut t = self.root.load(Ordering::Acquire);
-        loop {
-            // SAFETY: `root` and every `future` reachable from it stay
-            // allocated while the caller's read guard lives (struct
-            // invariant).
-            let table = unsafe { &*t };
-            let rec = table.lookup(key);
-            if is_live(rec) {
-                return rec;
-            }
-            // Acquire: pairs with the Release store in `attach`.
-            t = table.future.load(Ordering::Acquire);
-            if t.is_null() {
-                return ptr::null_mut();
-            }
-        }
+        let root = self.root.load(Ordering::Acquire);
+        // SAFETY: `root` and every `future` reachable from it stay allocated
+        // while the caller's read guard lives (struct invariant).
+        unsafe { table::lookup_chain(root, key) }
     }
 
     /// The values of `key` (empty if none), valid while the caller's read
