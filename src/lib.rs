@@ -6,15 +6,20 @@
 //!
 //! * [`rcu`] — read-side critical sections that cost about a nanosecond,
 //!   grace periods, deferred reclamation.
+//! * [`AddrIndex`] ([`index`]) — the address index: a multi-value concurrent
+//!   hash table with lock-free, store-free lookups and online resize.
+//! * [`cache`] — an opt-in per-thread recent-hit cache in front of the index.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
 pub(crate) mod sync;
 
+pub mod cache;
 mod error;
 pub mod index;
 pub mod rcu;
 
+pub use cache::{HitCacheConfig, HitCacheStats};
 pub use error::{Error, InsertError, InsertManyError};
 pub use index::{AddrIndex, AddrIndexBuilder, EntryId, IndexStats};
 

@@ -127,3 +127,11 @@ impl<T> std::ops::Deref for CachePadded<T> {
         &self.0
     }
 }
+
+/// Synchronisation that is never part of a modelled protocol (statistics,
+/// registries of per-thread caches): always `std`, even under loom, so it
+/// can live in statics and thread-locals.
+pub(crate) mod unmodelled {
+    pub(crate) use std::sync::Mutex;
+    pub(crate) use std::sync::atomic::AtomicU64;
+}

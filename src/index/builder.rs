@@ -4,6 +4,7 @@ use std::marker::PhantomData;
 
 use super::AddrIndex;
 use super::raw::{Config, RawIndex, capacity_presized};
+use crate::cache::HitCacheConfig;
 use crate::error::Error;
 
 /// Builds an [`AddrIndex`]; every setting has a documented default.
@@ -16,6 +17,7 @@ use crate::error::Error;
 /// | [`auto_shrink`](Self::auto_shrink) (below 25% load) | off |
 /// | [`hash_seed`](Self::hash_seed) | random per index |
 /// | [`stripes`](Self::stripes) (writer locks, power of two) | 4 × CPUs, in 8..=1024 |
+/// | [`hit_cache`](Self::hit_cache) | none |
 ///
 /// # Examples
 ///
@@ -36,6 +38,7 @@ pub struct AddrIndexBuilder<V> {
     auto_shrink: bool,
     seed: Option<u64>,
     stripes: Option<usize>,
+    hit_cache: Option<HitCacheConfig>,
     _values: PhantomData<fn() -> V>,
 }
 
@@ -57,6 +60,7 @@ impl<V> std::fmt::Debug for AddrIndexBuilder<V> {
             .field("auto_shrink", &self.auto_shrink)
             .field("hash_seed", &self.seed)
             .field("stripes", &self.stripes)
+            .field("hit_cache", &self.hit_cache)
             .finish()
     }
 }
@@ -77,6 +81,7 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
             auto_shrink: false,
             seed: None,
             stripes: None,
+            hit_cache: None,
             _values: PhantomData,
         }
     }
@@ -121,6 +126,14 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
         self
     }
 
+    /// Puts a per-thread recent-hit cache in front of the index (see
+    /// [`HitCacheConfig`] and the `cache` module docs). Lookups keep using
+    /// `get`/`lookup`; every write then invalidates all cached entries.
+    pub fn hit_cache(mut self, config: HitCacheConfig) -> Self {
+        self.hit_cache = Some(config);
+        self
+    }
+
     /// Builds the index.
     ///
     /// # Errors
@@ -152,6 +165,9 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
                 return Err(Error::InvalidConfig("capacity exceeds max_addresses"));
             }
         }
+        if let Some(c) = &self.hit_cache {
+            c.validate().map_err(Error::InvalidConfig)?;
+        }
         if self.capacity > 1 << 40 {
             return Err(Error::InvalidConfig("capacity is absurdly large"));
         }
@@ -167,6 +183,7 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
             auto_shrink: self.auto_shrink,
             seed,
             stripes,
+            hit_cache: self.hit_cache,
         })))
     }
 }

@@ -400,6 +400,24 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
         self.raw.clear()
     }
 
+    /// Counters of the recent-hit cache; `None` when the index has none.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fprobe::{AddrIndex, HitCacheConfig};
+    /// let index = AddrIndex::builder().hit_cache(HitCacheConfig::default()).build().unwrap();
+    /// index.insert(0x10, 1u8).unwrap();
+    /// for _ in 0..3 {
+    ///     index.lookup(0x10, |v| v[0]);
+    /// }
+    /// let s = index.hit_cache_stats().unwrap();
+    /// assert_eq!((s.misses, s.hits), (1, 2));
+    /// ```
+    pub fn hit_cache_stats(&self) -> Option<crate::cache::HitCacheStats> {
+        self.raw.cache.as_ref().map(|c| c.stats())
+    }
+
     /// Table statistics: capacity, load, probe lengths, resizes, memory.
     ///
     /// Scans the table (O(capacity)): for monitoring, not the hot path.

@@ -78,6 +78,7 @@ pub(crate) struct Config {
     pub(crate) auto_shrink: bool,
     pub(crate) seed: u64,
     pub(crate) stripes: usize,
+    pub(crate) hit_cache: Option<crate::cache::HitCacheConfig>,
 }
 
 /// Capacity (a power of two) that holds `addrs` keys at ≤ 50% load.
@@ -136,6 +137,8 @@ pub(crate) struct RawIndex<V> {
     resizes: AtomicU64,
     rehashes: AtomicU64,
     config: Config,
+    /// The recent-hit cache, when configured; writers bump its generation.
+    pub(crate) cache: Option<crate::cache::HitCache>,
     _values: PhantomData<V>,
 }
 
@@ -204,16 +207,37 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             addrs: CachePadded(AtomicUsize::new(0)),
             resizes: AtomicU64::new(0),
             rehashes: AtomicU64::new(0),
+            cache: config.hit_cache.map(crate::cache::HitCache::new),
             config,
             _values: PhantomData,
         }
     }
 
+    /// A record was published or unlinked: invalidate hit caches. After the
+    /// publish, before retiring the old record (`cache.rs` module docs).
+    #[inline]
+    fn bump(&self) {
+        if let Some(c) = &self.cache {
+            c.bump();
+        }
+    }
+
     // ---------------------------------------------------------------- reads
 
-    /// The record of `key`, or null. The caller holds a read guard.
+    /// The record of `key`, or null, through the hit cache when there is
+    /// one. The caller holds a read guard.
     #[inline(always)]
     pub(crate) fn lookup_raw(&self, key: u64) -> *mut Header {
+        match &self.cache {
+            None => self.lookup_uncached(key),
+            Some(c) => c.lookup(key, || self.lookup_uncached(key)),
+        }
+    }
+
+    /// The record of `key`, or null, from the tables. The caller holds a
+    /// read guard.
+    #[inline(always)]
+    pub(crate) fn lookup_uncached(&self, key: u64) -> *mut Header {
         // Acquire: pairs with the Release stores of `root` (migration swap,
         // clear); the table's fields are visible.
         let root = self.root.load(Ordering::Acquire);
@@ -381,6 +405,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 Ordering::Relaxed,
             );
             drop(st);
+            self.bump();
             Self::retire_record(old);
             return Ok(Some((first, false)));
         }
@@ -401,6 +426,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             Ordering::Relaxed,
         );
         drop(st);
+        self.bump();
         if dist > LONG_PROBE && table.claimed() * 2 < table.capacity() {
             self.request_rehash();
         }
@@ -453,6 +479,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             Ordering::Relaxed,
         );
         drop(st);
+        self.bump();
         Ok(old)
     }
 
@@ -498,6 +525,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         );
         drop(st);
         drop(guard);
+        self.bump();
         Self::retire_record(old);
         self.after_write(false);
         n
@@ -815,6 +843,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         st.cursor = 0;
         drop(stripes);
         drop(st);
+        self.bump();
         // SAFETY: the chain is unlinked and no writer can reach it (we held
         // every lock while swapping); readers are covered by the grace period.
         unsafe { rcu::retire_box_raw(Box::into_raw(Box::new(Chain::<V>(old, PhantomData)))) };

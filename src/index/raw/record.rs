@@ -197,6 +197,19 @@ impl<V> RecordPtr<V> {
         }
     }
 
+    /// Raw pointer to the values array (no reference is created, so the
+    /// owner may drop or move values through it).
+    fn values_ptr(self) -> *mut V {
+        // SAFETY: the offset lies inside the record's allocation.
+        unsafe {
+            self.ptr
+                .as_ptr()
+                .cast::<u8>()
+                .add(values_offset::<V>())
+                .cast::<V>()
+        }
+    }
+
     /// Bytes the record occupies (allocation size).
     pub(crate) fn bytes(self) -> usize {
         shape::<V>(self.len()).layout.size()
@@ -209,10 +222,11 @@ impl<V> RecordPtr<V> {
     /// The caller owns the record (no reader can reach it any more, and no
     /// one else frees it).
     pub(crate) unsafe fn free(self) {
-        // SAFETY: caller contract; `values` is valid until the dealloc.
+        let sh = shape::<V>(self.len());
+        // SAFETY: caller contract: we own the record; its `len` values are
+        // initialised and dropped once, then the memory is freed.
         unsafe {
-            let sh = shape::<V>(self.len());
-            std::ptr::drop_in_place(self.values::<'_>() as *const [V] as *mut [V]);
+            std::ptr::slice_from_raw_parts_mut(self.values_ptr(), self.len()).drop_in_place();
             dealloc(self.ptr.as_ptr().cast(), sh.layout);
         }
     }
@@ -232,10 +246,10 @@ impl<V> RecordPtr<V> {
         // SAFETY: caller contract: we own the record; each value is read or
         // dropped exactly once, then the memory is freed.
         unsafe {
-            let values = self.values::<'_>().as_ptr();
+            let values = self.values_ptr();
             let ids = self.ids::<'_>();
             for (i, &id) in ids.iter().enumerate() {
-                let v = values.add(i) as *mut V;
+                let v = values.add(i);
                 if keep_out(id) {
                     out.push((id, v.read()));
                 } else {

@@ -1,0 +1,226 @@
+//! Recent-hit cache: cached vs uncached `AddrIndex` lookups, in one run on
+//! the same data, plus the kpcache seed's "enable 20k of 40k probes"
+//! experiment in this crate's terms.
+//!
+//! `cargo bench --bench hit_cache` (env `FPROBE_THREADS=1,2`, `FPROBE_RUN_MS=300`)
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use fprobe::{AddrIndex, HitCacheConfig, rcu};
+
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+/// Function-like addresses: 16-byte aligned, spread over a text segment.
+fn addresses(n: usize) -> Vec<u64> {
+    let mut x = 0x1234_5678_9ABC_DEF1u64;
+    let mut a = 0x40_0000u64;
+    (0..n)
+        .map(|_| {
+            a += 16 + (xorshift(&mut x) % 64) * 16;
+            a
+        })
+        .collect()
+}
+
+/// The lookup stream: `hot` → 90% of lookups on 64 addresses.
+fn stream(addrs: &[u64], hot: bool, len: usize, seed: u64) -> Vec<u64> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            let r = xorshift(&mut x);
+            if hot && r % 10 != 0 {
+                addrs[(r >> 8) as usize % 64 * (addrs.len() / 64)]
+            } else {
+                addrs[(r >> 8) as usize % addrs.len()]
+            }
+        })
+        .collect()
+}
+
+fn build(addrs: &[u64], cache: bool) -> AddrIndex<u64> {
+    let b = AddrIndex::builder().capacity(addrs.len());
+    let b = if cache {
+        b.hit_cache(HitCacheConfig::default())
+    } else {
+        b
+    };
+    let index = b.build().unwrap();
+    // 10% of addresses get 3 handlers, like REFERENCE.md §4.
+    index
+        .insert_many(addrs.iter().enumerate().flat_map(|(i, &a)| {
+            let n = if i % 10 == 0 { 3 } else { 1 };
+            (0..n).map(move |k| (a, a ^ k))
+        }))
+        .unwrap();
+    index
+}
+
+/// Total M lookups/s of `threads` threads over their streams for `run`.
+fn throughput(index: &Arc<AddrIndex<u64>>, streams: &[Arc<Vec<u64>>], run: Duration) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(streams.len() + 1));
+    let handles: Vec<_> = streams
+        .iter()
+        .map(|s| {
+            let (index, s, stop, start) = (index.clone(), s.clone(), stop.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                let mut n = 0u64;
+                let mut sum = 0u64;
+                'outer: loop {
+                    for batch in s.chunks(100) {
+                        let g = rcu::read_lock();
+                        for &a in batch {
+                            for v in index.get(black_box(a), &g) {
+                                sum = sum.wrapping_add(*v);
+                            }
+                        }
+                        drop(g);
+                        n += batch.len() as u64;
+                        if stop.load(Ordering::Relaxed) {
+                            break 'outer;
+                        }
+                    }
+                }
+                black_box(sum);
+                n
+            })
+        })
+        .collect();
+    start.wait();
+    let t = Instant::now();
+    std::thread::sleep(run);
+    stop.store(true, Ordering::Relaxed);
+    let total: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    total as f64 / t.elapsed().as_secs_f64() / 1e6
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list" || a == "--test") {
+        return;
+    }
+    let threads: Vec<usize> = std::env::var("FPROBE_THREADS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|t| t.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 2]);
+    let run = Duration::from_millis(
+        std::env::var("FPROBE_RUN_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(300),
+    );
+    println!(
+        "hit cache: median of 5 runs × {} ms, M lookups/s (total over threads); cache = {} B/thread",
+        run.as_millis(),
+        HitCacheConfig::default().bytes_per_thread()
+    );
+    println!(
+        "| addresses | workload | threads | uncached | cached | cached/uncached | cache hit rate |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for n in [50_000usize, 1_000_000] {
+        let addrs = addresses(n);
+        let plain = Arc::new(build(&addrs, false));
+        let cached = Arc::new(build(&addrs, true));
+        for hot in [true, false] {
+            for &t in &threads {
+                let streams: Vec<_> = (0..t)
+                    .map(|i| Arc::new(stream(&addrs, hot, 1 << 20, 77 + i as u64)))
+                    .collect();
+                let before = cached.hit_cache_stats().unwrap();
+                let (mut u, mut c) = (Vec::new(), Vec::new());
+                for _ in 0..5 {
+                    // Interleaved, so drift on a shared machine hits both.
+                    u.push(throughput(&plain, &streams, run));
+                    c.push(throughput(&cached, &streams, run));
+                }
+                let after = cached.hit_cache_stats().unwrap();
+                let hits = after.hits - before.hits;
+                let all = hits + after.misses - before.misses + after.bypassed - before.bypassed;
+                let (u, c) = (median(u), median(c));
+                println!(
+                    "| {n} | {} | {t} | {u:.1} | {c:.1} | {:.2}× | {:.1}% |",
+                    if hot { "hot (90% on 64)" } else { "uniform" },
+                    c / u,
+                    100.0 * hits as f64 / all.max(1) as f64
+                );
+            }
+        }
+    }
+    toggle_experiment();
+}
+
+/// The kpcache seed measured the time to enable 20k of 40k probes. Here:
+/// remove and re-insert the values of 20,000 of 40,000 registered addresses
+/// while a reader hammers the hot ones, cached vs uncached.
+fn toggle_experiment() {
+    println!();
+    println!("| toggle 20,000 of 40,000 entries, 1 reader running | uncached | cached |");
+    println!("|---|---|---|");
+    let addrs = addresses(40_000);
+    let mut row = Vec::new();
+    let mut reads = Vec::new();
+    for cache in [false, true] {
+        let index = Arc::new(build(&addrs, cache));
+        let stop = Arc::new(AtomicBool::new(false));
+        let count = Arc::new(AtomicU64::new(0));
+        let reader = {
+            let (index, stop, count, s) = (
+                index.clone(),
+                stop.clone(),
+                count.clone(),
+                stream(&addrs, true, 1 << 16, 5),
+            );
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    for &a in &s {
+                        black_box(index.lookup(a, |v| v.len()));
+                    }
+                    n += s.len() as u64;
+                }
+                count.store(n, Ordering::Relaxed);
+            })
+        };
+        let t = Instant::now();
+        let g = rcu::read_lock();
+        let victims: Vec<(u64, fprobe::EntryId, u64)> = addrs
+            .iter()
+            .step_by(2)
+            .map(|&a| {
+                let (ids, vals) = index.get_with_ids(a, &g);
+                (a, ids[0], vals[0])
+            })
+            .collect();
+        drop(g);
+        for &(a, id, _) in &victims {
+            index.remove(a, id).unwrap();
+        }
+        for &(a, _, v) in &victims {
+            index.insert(a, v).unwrap();
+        }
+        let dt = t.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        reader.join().unwrap();
+        row.push(format!("{:.1} ms", dt.as_secs_f64() * 1e3));
+        reads.push(count.load(Ordering::Relaxed) as f64 / dt.as_secs_f64() / 1e6);
+    }
+    println!("| time to toggle | {} | {} |", row[0], row[1]);
+    println!(
+        "| reader meanwhile, M lookups/s | {:.1} | {:.1} |",
+        reads[0], reads[1]
+    );
+}

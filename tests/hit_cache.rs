@@ -1,0 +1,201 @@
+//! The recent-hit cache never returns a stale value.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use fprobe::{AddrIndex, Error, HitCacheConfig, rcu};
+
+fn cached<V: Clone + Send + Sync + 'static>(ways: usize) -> AddrIndex<V> {
+    AddrIndex::builder()
+        .min_capacity(8)
+        .hit_cache(HitCacheConfig::default().entries(64).ways(ways))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn hits_after_first_lookup_and_invalidates_on_write() {
+    let index = cached(4);
+    index.insert(1, 10u32).unwrap();
+    assert_eq!(index.lookup(1, |v| v.to_vec()), Some(vec![10]));
+    assert_eq!(index.lookup(1, |v| v.to_vec()), Some(vec![10]));
+    let s = index.hit_cache_stats().unwrap();
+    assert_eq!((s.misses, s.hits), (1, 1));
+    // A negative result is cached too, and an insert invalidates it.
+    assert_eq!(index.lookup(2, |v| v.len()), None);
+    assert_eq!(index.lookup(2, |v| v.len()), None);
+    let id = index.insert(2, 20).unwrap();
+    assert_eq!(index.lookup(2, |v| v.to_vec()), Some(vec![20]));
+    index.remove(2, id).unwrap();
+    assert_eq!(index.lookup(2, |v| v.len()), None);
+    let id = index.insert(1, 11).unwrap();
+    assert_eq!(index.lookup(1, |v| v.to_vec()), Some(vec![10, 11]));
+    assert_eq!(index.take(1, id), Ok(11));
+    assert_eq!(index.lookup(1, |v| v.to_vec()), Some(vec![10]));
+    index.clear();
+    assert_eq!(index.lookup(1, |v| v.len()), None);
+}
+
+#[test]
+fn cached_and_uncached_agree_through_resizes() {
+    for ways in [1, 2, 4, 8] {
+        let c = cached::<u64>(ways);
+        let u: AddrIndex<u64> = AddrIndex::builder().min_capacity(8).build().unwrap();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ ways as u64;
+        let mut ids = Vec::new();
+        for step in 0..4000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let a = x % 300;
+            match x % 5 {
+                0 | 1 => {
+                    ids.push((a, c.insert(a, step).unwrap(), u.insert(a, step).unwrap()));
+                }
+                2 if !ids.is_empty() => {
+                    let (a, ic, iu) = ids.swap_remove((x as usize >> 8) % ids.len());
+                    c.remove(a, ic).unwrap();
+                    u.remove(a, iu).unwrap();
+                }
+                _ => {}
+            }
+            let g = rcu::read_lock();
+            assert_eq!(
+                c.get(a, &g),
+                u.get(a, &g),
+                "ways {ways}, step {step}, addr {a}"
+            );
+        }
+    }
+}
+
+#[test]
+fn rejects_bad_cache_configuration() {
+    for cfg in [
+        HitCacheConfig::default().entries(0),
+        HitCacheConfig::default().entries(100),
+        HitCacheConfig::default().entries(1 << 20),
+        HitCacheConfig::default().ways(3),
+        HitCacheConfig::default().ways(16),
+    ] {
+        let r = AddrIndex::<u8>::builder().hit_cache(cfg).build();
+        assert!(matches!(r, Err(Error::InvalidConfig(_))));
+    }
+    assert!(HitCacheConfig::default().bytes_per_thread() <= 32 * 1024);
+}
+
+#[test]
+fn dropped_index_cache_slot_is_not_reused_stale() {
+    // Recreate cached indexes many times on one thread: each new index may
+    // reuse a thread-local slot whose cache belonged to a dropped index.
+    for round in 0..100u64 {
+        let index = cached::<u64>(4);
+        assert_eq!(index.lookup(7, |v| v[0]), None, "round {round}");
+        index.insert(7, round).unwrap();
+        assert_eq!(index.lookup(7, |v| v[0]), Some(round));
+        assert_eq!(index.lookup(7, |v| v[0]), Some(round));
+    }
+}
+
+/// Threads hammer a few hot addresses through the cache while writers
+/// remove and re-insert their values. Once a remove has returned (and the
+/// reader learned of it), the reader never sees that value again; a value
+/// inserted (and announced) before the lookup and not yet removed is seen.
+#[test]
+fn never_stale_under_churn() {
+    const HOT: usize = 8;
+    let index: Arc<AddrIndex<u64>> = Arc::new(
+        AddrIndex::builder()
+            .hit_cache(HitCacheConfig::default())
+            .build()
+            .unwrap(),
+    );
+    // Per address: last serial whose insert returned, last whose remove returned.
+    let inserted: Arc<Vec<AtomicU64>> = Arc::new((0..HOT).map(|_| AtomicU64::new(0)).collect());
+    let removed: Arc<Vec<AtomicU64>> = Arc::new((0..HOT).map(|_| AtomicU64::new(0)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(4));
+    let ms = std::env::var("FPROBE_STRESS_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1500u64);
+    let mut writers = Vec::new();
+    for w in 0..2usize {
+        let (index, inserted, removed, stop, start) = (
+            index.clone(),
+            inserted.clone(),
+            removed.clone(),
+            stop.clone(),
+            start.clone(),
+        );
+        writers.push(std::thread::spawn(move || {
+            start.wait();
+            let mut serial = 0u64;
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                for a in (w..HOT).step_by(2) {
+                    serial += 1;
+                    let s = serial << 8 | a as u64;
+                    let id = index.insert(a as u64, s).unwrap();
+                    inserted[a].store(s, Ordering::Release);
+                    std::thread::yield_now();
+                    index.remove(a as u64, id).unwrap();
+                    removed[a].store(s, Ordering::Release);
+                    n += 1;
+                }
+            }
+            n
+        }));
+    }
+    let mut readers = Vec::new();
+    for _ in 0..2 {
+        let (index, inserted, removed, stop, start) = (
+            index.clone(),
+            inserted.clone(),
+            removed.clone(),
+            stop.clone(),
+            start.clone(),
+        );
+        readers.push(std::thread::spawn(move || {
+            start.wait();
+            let mut checks = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for a in 0..HOT {
+                    let dead = removed[a].load(Ordering::Acquire);
+                    let live = inserted[a].load(Ordering::Acquire);
+                    let g = rcu::read_lock();
+                    let vals = index.get(a as u64, &g);
+                    for &v in vals {
+                        assert!(
+                            v > dead,
+                            "stale value {v:#x} at {a} (removed up to {dead:#x})"
+                        );
+                    }
+                    let saw_live = vals.contains(&live);
+                    drop(g);
+                    if live > dead && !saw_live {
+                        // Only allowed if it was removed meanwhile.
+                        assert!(
+                            removed[a].load(Ordering::Acquire) >= live,
+                            "inserted value {live:#x} at {a} not visible"
+                        );
+                    }
+                    checks += 1;
+                }
+            }
+            checks
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(ms));
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        assert!(w.join().unwrap() > 0);
+    }
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    let s = index.hit_cache_stats().unwrap();
+    assert!(s.hits + s.misses + s.bypassed > 0);
+    println!("hit cache under churn: {s:?}");
+}
