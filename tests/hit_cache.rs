@@ -111,8 +111,10 @@ fn never_stale_under_churn() {
             .build()
             .unwrap(),
     );
-    // Per address: last serial whose insert returned, last whose remove returned.
+    // Per address: last serial whose insert returned, whose remove started,
+    // and whose remove returned.
     let inserted: Arc<Vec<AtomicU64>> = Arc::new((0..HOT).map(|_| AtomicU64::new(0)).collect());
+    let removing: Arc<Vec<AtomicU64>> = Arc::new((0..HOT).map(|_| AtomicU64::new(0)).collect());
     let removed: Arc<Vec<AtomicU64>> = Arc::new((0..HOT).map(|_| AtomicU64::new(0)).collect());
     let stop = Arc::new(AtomicBool::new(false));
     let start = Arc::new(Barrier::new(4));
@@ -122,9 +124,10 @@ fn never_stale_under_churn() {
         .unwrap_or(1500u64);
     let mut writers = Vec::new();
     for w in 0..2usize {
-        let (index, inserted, removed, stop, start) = (
+        let (index, inserted, removing, removed, stop, start) = (
             index.clone(),
             inserted.clone(),
+            removing.clone(),
             removed.clone(),
             stop.clone(),
             start.clone(),
@@ -140,6 +143,7 @@ fn never_stale_under_churn() {
                     let id = index.insert(a as u64, s).unwrap();
                     inserted[a].store(s, Ordering::Release);
                     std::thread::yield_now();
+                    removing[a].store(s, Ordering::Release);
                     index.remove(a as u64, id).unwrap();
                     removed[a].store(s, Ordering::Release);
                     n += 1;
@@ -150,9 +154,10 @@ fn never_stale_under_churn() {
     }
     let mut readers = Vec::new();
     for _ in 0..2 {
-        let (index, inserted, removed, stop, start) = (
+        let (index, inserted, removing, removed, stop, start) = (
             index.clone(),
             inserted.clone(),
+            removing.clone(),
             removed.clone(),
             stop.clone(),
             start.clone(),
@@ -175,9 +180,9 @@ fn never_stale_under_churn() {
                     let saw_live = vals.contains(&live);
                     drop(g);
                     if live > dead && !saw_live {
-                        // Only allowed if it was removed meanwhile.
+                        // Only allowed if its removal started meanwhile.
                         assert!(
-                            removed[a].load(Ordering::Acquire) >= live,
+                            removing[a].load(Ordering::Acquire) >= live,
                             "inserted value {live:#x} at {a} not visible"
                         );
                     }
