@@ -11,4 +11,8 @@
 
 pub(crate) mod sync;
 
+pub mod objpool;
 pub mod rcu;
+pub mod retinst;
+
+pub use objpool::ObjPool;
