@@ -56,8 +56,8 @@
 use std::sync::Arc;
 
 use crate::objpool::ObjPool;
-use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, CachePadded, Mutex, Ordering};
 use crate::sync::UnsafeCell;
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, CachePadded, Mutex, Ordering};
 
 /// One return instance.
 pub(crate) struct RetInst {
