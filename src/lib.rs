@@ -17,11 +17,15 @@ pub(crate) mod sync;
 pub mod cache;
 mod error;
 pub mod index;
+pub mod objpool;
+pub mod probe;
 pub mod rcu;
+pub mod retinst;
 
 pub use cache::{HitCacheConfig, HitCacheStats};
 pub use error::{Error, InsertError, InsertManyError};
 pub use index::{AddrIndex, AddrIndexBuilder, EntryId, IndexStats};
+pub use objpool::ObjPool;
 
 /// The README's example, compiled and run as a doctest.
 #[cfg(doctest)]
