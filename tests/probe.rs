@@ -1,0 +1,467 @@
+//! The probe layer: dispatch, pairing, misses by cause, safe unregister.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use fprobe::Error;
+use fprobe::probe::{EntryAction, Fprobe, Registry, ignore_current_thread};
+
+fn counter() -> Arc<AtomicU64> {
+    Arc::new(AtomicU64::new(0))
+}
+
+#[test]
+fn entry_exit_pairing_data_and_cookies() {
+    let reg = Registry::<u64>::builder().build().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (l1, l2) = (log.clone(), log.clone());
+    let probe = Fprobe::<u64>::builder()
+        .data_size(8)
+        .entry(move |e| {
+            e.data.copy_from_slice(&(e.addr ^ *e.ctx).to_ne_bytes());
+            l1.lock().unwrap().push(("entry", e.addr, e.cookie));
+            EntryAction::Continue
+        })
+        .exit(move |x| {
+            let v = u64::from_ne_bytes(x.data.try_into().unwrap());
+            assert_eq!(v, x.addr ^ 7, "entry data reaches the exit handler");
+            l2.lock().unwrap().push(("exit", x.addr, x.cookie));
+        })
+        .build();
+    let h = reg
+        .register_with_cookies(probe, [(0x10, 100), (0x20, 200)])
+        .unwrap();
+    // f(0x10) calls g(0x20) calls unprobed 0x30, then returns.
+    reg.on_entry(0x10, 0, &7);
+    reg.on_entry(0x20, 0, &7);
+    reg.on_entry(0x30, 0, &7);
+    reg.on_exit(0, &7);
+    reg.on_exit(0, &7);
+    reg.on_exit(0, &7);
+    assert_eq!(
+        *log.lock().unwrap(),
+        [
+            ("entry", 0x10, 100),
+            ("entry", 0x20, 200),
+            ("exit", 0x20, 200),
+            ("exit", 0x10, 100)
+        ]
+    );
+    let s = reg.stats(h).unwrap();
+    assert_eq!((s.hits, s.exits), (2, 2));
+    assert_eq!(s.missed, Default::default());
+}
+
+#[test]
+fn several_probes_on_one_address_run_in_registration_order() {
+    let reg = Registry::<()>::builder().build().unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut handles = Vec::new();
+    for i in 0..3 {
+        let (o1, o2) = (order.clone(), order.clone());
+        let p = Fprobe::builder()
+            .entry(move |_| {
+                o1.lock().unwrap().push(i);
+                if i == 1 {
+                    EntryAction::SkipExit
+                } else {
+                    EntryAction::Continue
+                }
+            })
+            .exit(move |_| o2.lock().unwrap().push(10 + i))
+            .build();
+        handles.push(reg.register(p, &[0x40]).unwrap());
+    }
+    reg.on_entry(0x40, 0, &());
+    reg.on_exit(0, &());
+    // Exits newest first; probe 1 asked to skip its exit.
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 12, 10]);
+}
+
+#[test]
+fn register_is_all_or_nothing() {
+    let reg = Registry::<()>::builder()
+        .max_probes(2)
+        .data_size(16)
+        .build()
+        .unwrap();
+    let hits = counter();
+    let mk = |h: &Arc<AtomicU64>| {
+        let h = h.clone();
+        Fprobe::builder()
+            .entry(move |_| {
+                h.fetch_add(1, Ordering::Relaxed);
+                EntryAction::Continue
+            })
+            .build()
+    };
+    let too_big = Fprobe::<()>::builder().data_size(17).exit(|_| {}).build();
+    assert!(matches!(
+        reg.register(too_big, &[1]),
+        Err(Error::InvalidConfig(_))
+    ));
+    let a = reg.register(mk(&hits), &[1, 2, 3]).unwrap();
+    reg.register(mk(&hits), &[4]).unwrap();
+    assert!(matches!(
+        reg.register(mk(&hits), &[5, 6]),
+        Err(Error::CapacityExceeded { .. })
+    ));
+    assert_eq!(
+        reg.addresses(),
+        4,
+        "the failed registration left nothing behind"
+    );
+    reg.on_entry(5, 0, &());
+    reg.on_exit(0, &());
+    assert_eq!(hits.load(Ordering::Relaxed), 0);
+    reg.unregister(a).unwrap();
+    assert_eq!(reg.unregister(a), Err(Error::NotFound), "unregister twice");
+    assert_eq!(reg.stats(a), Err(Error::NotFound));
+    reg.register(mk(&hits), &[5, 6]).unwrap();
+    assert_eq!(reg.addresses(), 3);
+}
+
+#[test]
+fn enable_disable_counts_disabled_hits() {
+    let reg = Registry::<()>::builder().build().unwrap();
+    let hits = counter();
+    let h2 = hits.clone();
+    let h = reg
+        .register(
+            Fprobe::builder()
+                .entry(move |_| {
+                    h2.fetch_add(1, Ordering::Relaxed);
+                    EntryAction::Continue
+                })
+                .build(),
+            &[9],
+        )
+        .unwrap();
+    reg.disable(h).unwrap();
+    for _ in 0..3 {
+        reg.on_entry(9, 0, &());
+        reg.on_exit(0, &());
+    }
+    reg.enable(h).unwrap();
+    reg.on_entry(9, 0, &());
+    reg.on_exit(0, &());
+    assert_eq!(hits.load(Ordering::Relaxed), 1);
+    let s = reg.stats(h).unwrap();
+    assert_eq!((s.hits, s.missed.disabled), (1, 3));
+}
+
+#[test]
+fn recursion_from_a_handler_is_counted_not_followed() {
+    let reg = Arc::new(Registry::<()>::builder().build().unwrap());
+    let r2 = Arc::downgrade(&reg);
+    let depth = counter();
+    let d2 = depth.clone();
+    let h = reg
+        .register(
+            Fprobe::builder()
+                .entry(move |_| {
+                    d2.fetch_add(1, Ordering::Relaxed);
+                    // The handler calls a probed function.
+                    let reg = r2.upgrade().unwrap();
+                    reg.on_entry(0x77, 0, &());
+                    reg.on_exit(0, &());
+                    EntryAction::Continue
+                })
+                .exit(|_| {})
+                .build(),
+            &[0x77],
+        )
+        .unwrap();
+    reg.on_entry(0x77, 0, &());
+    reg.on_exit(0, &());
+    assert_eq!(depth.load(Ordering::Relaxed), 1);
+    let s = reg.stats(h).unwrap();
+    assert_eq!((s.hits, s.exits, s.missed.recursion), (1, 1, 1));
+}
+
+#[test]
+fn pool_exhaustion_and_depth_overflow_are_counted() {
+    let reg = Registry::<()>::builder()
+        .instances(4)
+        .max_depth(64)
+        .build()
+        .unwrap();
+    let exits = counter();
+    let e2 = exits.clone();
+    let h = reg
+        .register(
+            Fprobe::builder()
+                .exit(move |_| {
+                    e2.fetch_add(1, Ordering::Relaxed);
+                })
+                .build(),
+            &[1],
+        )
+        .unwrap();
+    // 10 nested calls, only 4 instances in the pool.
+    for _ in 0..10 {
+        reg.on_entry(1, 0, &());
+    }
+    for _ in 0..10 {
+        reg.on_exit(0, &());
+    }
+    let s = reg.stats(h).unwrap();
+    assert_eq!(exits.load(Ordering::Relaxed), 4);
+    assert!(s.missed.pool_exhausted >= 6, "{s:?}");
+
+    let reg = Registry::<()>::builder()
+        .instances(64)
+        .max_depth(3)
+        .build()
+        .unwrap();
+    let h = reg
+        .register(Fprobe::builder().exit(|_| {}).build(), &[1])
+        .unwrap();
+    for _ in 0..10 {
+        reg.on_entry(1, 0, &());
+    }
+    for _ in 0..10 {
+        reg.on_exit(0, &());
+    }
+    let s = reg.stats(h).unwrap();
+    assert_eq!(s.exits, 3);
+    assert!(s.missed.depth >= 7, "{s:?}");
+    // Pairing survived: a fresh call works normally.
+    reg.on_entry(1, 0, &());
+    reg.on_exit(0, &());
+    assert_eq!(reg.stats(h).unwrap().exits, 4);
+}
+
+#[test]
+fn panicking_handlers_are_contained() {
+    let reg = Registry::<()>::builder().build().unwrap();
+    let ok = counter();
+    let o2 = ok.clone();
+    let bad = reg
+        .register(
+            Fprobe::builder()
+                .entry(|e| {
+                    if e.addr == 2 {
+                        panic!("entry handler panic (expected by the test)");
+                    }
+                    EntryAction::Continue
+                })
+                .exit(|_| panic!("exit handler panic (expected by the test)"))
+                .build(),
+            &[1, 2],
+        )
+        .unwrap();
+    let good = reg
+        .register(
+            Fprobe::builder()
+                .entry(move |_| {
+                    o2.fetch_add(1, Ordering::Relaxed);
+                    EntryAction::Continue
+                })
+                .build(),
+            &[1, 2],
+        )
+        .unwrap();
+    for a in [1, 2, 1] {
+        reg.on_entry(a, 0, &());
+        reg.on_exit(0, &());
+    }
+    assert_eq!(ok.load(Ordering::Relaxed), 3, "other probes keep running");
+    let s = reg.stats(bad).unwrap();
+    assert_eq!(s.panics, 3, "1 entry + 2 exit panics: {s:?}");
+    assert_eq!(reg.stats(good).unwrap().panics, 0);
+    reg.unregister(bad).unwrap();
+    reg.unregister(good).unwrap();
+}
+
+/// Threads sit inside entry and exit handlers while the probe is
+/// unregistered: unregister waits for them, and no handler runs after it
+/// returns. A thread parked between entry and exit does not block it.
+#[test]
+fn unregister_while_threads_are_inside() {
+    let reg = Arc::new(Registry::<()>::builder().build().unwrap());
+    let inside = Arc::new(AtomicUsize::new(0));
+    let dead = Arc::new(AtomicBool::new(false));
+    let late = counter();
+    let (i1, i2, d1, d2, l1, l2) = (
+        inside.clone(),
+        inside.clone(),
+        dead.clone(),
+        dead.clone(),
+        late.clone(),
+        late.clone(),
+    );
+    let probe = Fprobe::builder()
+        .entry(move |_| {
+            if d1.load(Ordering::SeqCst) {
+                l1.fetch_add(1, Ordering::SeqCst);
+            }
+            i1.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(1));
+            i1.fetch_sub(1, Ordering::SeqCst);
+            EntryAction::Continue
+        })
+        .exit(move |_| {
+            if d2.load(Ordering::SeqCst) {
+                l2.fetch_add(1, Ordering::SeqCst);
+            }
+            i2.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(1));
+            i2.fetch_sub(1, Ordering::SeqCst);
+        })
+        .build();
+    let h = reg.register(probe, &[0x100, 0x200]).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(4));
+    let mut workers = Vec::new();
+    for t in 0..2u64 {
+        let (reg, stop, start) = (reg.clone(), stop.clone(), start.clone());
+        workers.push(std::thread::spawn(move || {
+            start.wait();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                reg.on_entry(0x100 + 0x100 * (t % 2), 0, &());
+                reg.on_exit(0, &());
+                n += 1;
+            }
+            n
+        }));
+    }
+    // A thread parked between entry and exit.
+    let parked_in = Arc::new(Barrier::new(2));
+    let release = Arc::new(Barrier::new(2));
+    let parked = {
+        let (reg, start, parked_in, release) = (
+            reg.clone(),
+            start.clone(),
+            parked_in.clone(),
+            release.clone(),
+        );
+        std::thread::spawn(move || {
+            start.wait();
+            reg.on_entry(0x100, 0, &());
+            parked_in.wait();
+            release.wait(); // parked "inside the function"
+            reg.on_exit(0, &());
+        })
+    };
+    start.wait();
+    parked_in.wait();
+    std::thread::sleep(Duration::from_millis(30));
+    let t = Instant::now();
+    reg.unregister(h).unwrap();
+    dead.store(true, Ordering::SeqCst);
+    assert_eq!(
+        inside.load(Ordering::SeqCst),
+        0,
+        "a handler still running after unregister"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "unregister took {:?}",
+        t.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(30));
+    release.wait();
+    parked.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        assert!(w.join().unwrap() > 0);
+    }
+    assert_eq!(
+        late.load(Ordering::SeqCst),
+        0,
+        "a handler ran after unregister returned"
+    );
+}
+
+/// An address re-registered by a new probe while an old call is in flight:
+/// the old call's exit must not reach the new probe.
+#[test]
+fn address_and_slot_reuse_after_unregister() {
+    let reg = Registry::<()>::builder().max_probes(1).build().unwrap();
+    let old_exits = counter();
+    let new_exits = counter();
+    let (o, n) = (old_exits.clone(), new_exits.clone());
+    let a = reg
+        .register(
+            Fprobe::builder()
+                .exit(move |_| {
+                    o.fetch_add(1, Ordering::Relaxed);
+                })
+                .build(),
+            &[5],
+        )
+        .unwrap();
+    reg.on_entry(5, 0, &()); // call in flight under probe A
+    reg.unregister(a).unwrap();
+    // Same slot (max_probes 1), same address.
+    let b = reg
+        .register(
+            Fprobe::builder()
+                .exit(move |_| {
+                    n.fetch_add(1, Ordering::Relaxed);
+                })
+                .build(),
+            &[5],
+        )
+        .unwrap();
+    reg.on_exit(0, &()); // the old call returns
+    assert_eq!(old_exits.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        new_exits.load(Ordering::Relaxed),
+        0,
+        "old call's exit reached the new probe"
+    );
+    reg.on_entry(5, 0, &());
+    reg.on_exit(0, &());
+    assert_eq!(new_exits.load(Ordering::Relaxed), 1);
+    assert_eq!(reg.stats(b).unwrap().exits, 1);
+}
+
+#[test]
+fn ignored_thread_runs_no_probes_but_keeps_pairing() {
+    let reg = Registry::<()>::builder().build().unwrap();
+    let n = counter();
+    let n2 = n.clone();
+    reg.register(
+        Fprobe::builder()
+            .exit(move |_| {
+                n2.fetch_add(1, Ordering::Relaxed);
+            })
+            .build(),
+        &[1],
+    )
+    .unwrap();
+    reg.on_entry(1, 0, &());
+    ignore_current_thread(true);
+    reg.on_entry(1, 0, &());
+    reg.on_exit(0, &());
+    ignore_current_thread(false);
+    reg.on_exit(0, &());
+    assert_eq!(n.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn counters_survive_thread_exit() {
+    let reg = Arc::new(Registry::<()>::builder().build().unwrap());
+    let h = reg
+        .register(
+            Fprobe::builder().entry(|_| EntryAction::Continue).build(),
+            &[3],
+        )
+        .unwrap();
+    for _ in 0..4 {
+        let reg = reg.clone();
+        std::thread::spawn(move || {
+            for _ in 0..100 {
+                reg.on_entry(3, 0, &());
+                reg.on_exit(0, &());
+            }
+        })
+        .join()
+        .unwrap();
+    }
+    assert_eq!(reg.stats(h).unwrap().hits, 400);
+}
