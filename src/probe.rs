@@ -321,6 +321,7 @@ pub struct RegistryBuilder<C> {
     data_size: usize,
     max_depth: usize,
     capacity: usize,
+    hit_cache: Option<crate::HitCacheConfig>,
     _ctx: std::marker::PhantomData<fn(&C)>,
 }
 
@@ -356,6 +357,13 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
         self
     }
 
+    /// Puts the recent-hit cache in front of the registry's index (see
+    /// [`crate::cache`]; default none).
+    pub fn hit_cache(mut self, config: crate::HitCacheConfig) -> Self {
+        self.hit_cache = Some(config);
+        self
+    }
+
     /// Builds the registry.
     ///
     /// # Errors
@@ -375,7 +383,14 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         Ok(Registry {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            index: AddrIndex::with_capacity(self.capacity),
+            index: {
+                let b = AddrIndex::builder().capacity(self.capacity);
+                match self.hit_cache {
+                    Some(c) => b.hit_cache(c),
+                    None => b,
+                }
+                .build()?
+            },
             slots: (0..self.max_probes)
                 .map(|_| Slot {
                     generation: AtomicU64::new(0),
@@ -451,6 +466,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             data_size: 64,
             max_depth: 64,
             capacity: 0,
+            hit_cache: None,
             _ctx: std::marker::PhantomData,
         }
     }
