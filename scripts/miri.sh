@@ -16,7 +16,7 @@ if ! cargo +nightly miri setup >/tmp/miri-setup.log 2>&1; then
   echo "miri: SKIPPED (miri setup failed: $(tail -1 /tmp/miri-setup.log))"
   exit 0
 fi
-export MIRIFLAGS="${MIRIFLAGS:--Zmiri-strict-provenance -Zmiri-many-seeds=0..4}"
+export MIRIFLAGS="${MIRIFLAGS:--Zmiri-strict-provenance -Zmiri-disable-isolation -Zmiri-many-seeds=0..2}"
 export FPROBE_STRESS_MS=20 PROPTEST_CASES=4
 status=0
 for t in "--lib" "--test rcu" "--test index" ${MIRI_EXTRA_TESTS:-}; do

@@ -1,7 +1,6 @@
 //! Tests of `fprobe::AddrIndex`: API behaviour, a model-based property
 //! test, adversarial address sets and a concurrent stress test.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -317,123 +316,15 @@ fn memory_per_address_at_50k() {
 
 // ------------------------------------------------------------ model check
 
-#[derive(Clone, Debug)]
-enum Op {
-    Insert(u64, u32),
-    InsertMany(Vec<(u64, u32)>),
-    Remove(u64, usize),
-    Take(u64, usize),
-    RemoveUnknown(u64, u64),
-    RemoveAddr(u64),
-    Get(u64),
-    Clear,
-    Iter,
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    let key = prop_oneof![0u64..24, Just(0u64), Just(u64::MAX), any::<u64>()];
-    prop_oneof![
-        6 => (key.clone(), any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)),
-        2 => prop::collection::vec((key.clone(), any::<u32>()), 0..40).prop_map(Op::InsertMany),
-        4 => (key.clone(), any::<usize>()).prop_map(|(k, i)| Op::Remove(k, i)),
-        1 => (key.clone(), any::<usize>()).prop_map(|(k, i)| Op::Take(k, i)),
-        1 => (key.clone(), any::<u64>()).prop_map(|(k, i)| Op::RemoveUnknown(k, i)),
-        1 => key.clone().prop_map(Op::RemoveAddr),
-        3 => key.prop_map(Op::Get),
-        1 => Just(Op::Clear),
-        1 => Just(Op::Iter),
-    ]
-}
-
-type Model = HashMap<u64, Vec<(EntryId, u32)>>;
-
-fn check_all(index: &AddrIndex<u32>, model: &Model) {
-    let g = rcu::read_lock();
-    for (k, entries) in model {
-        let (ids, vals) = index.get_with_ids(*k, &g);
-        let want_ids: Vec<EntryId> = entries.iter().map(|e| e.0).collect();
-        let want_vals: Vec<u32> = entries.iter().map(|e| e.1).collect();
-        assert_eq!(ids, &want_ids[..], "ids of {k:#x}");
-        assert_eq!(vals, &want_vals[..], "values of {k:#x}");
-    }
-    let mut seen: Vec<(u64, Vec<u32>)> = index.iter(&g).map(|(k, v)| (k, v.to_vec())).collect();
-    seen.sort();
-    let mut want: Vec<(u64, Vec<u32>)> = model
-        .iter()
-        .map(|(k, e)| (*k, e.iter().map(|x| x.1).collect()))
-        .collect();
-    want.sort();
-    assert_eq!(seen, want);
-    assert_eq!(index.len_addrs(), model.len());
-    assert_eq!(index.len(), model.values().map(Vec::len).sum::<usize>());
-}
+#[path = "../fuzz/ops/index_ops.rs"]
+mod index_ops;
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: if cfg!(miri) { 4 } else { 128 }, ..ProptestConfig::default() })]
+    /// The fuzz target's operations and model checker, fed by proptest.
     #[test]
-    fn matches_hashmap_model(ops in prop::collection::vec(op(), 1..120)) {
-        let index: AddrIndex<u32> = AddrIndex::builder()
-            .min_capacity(8)
-            .auto_shrink(true)
-            .stripes(2)
-            .build()
-            .unwrap();
-        let mut model: Model = HashMap::new();
-        for op in ops {
-            match op {
-                Op::Insert(k, v) => {
-                    let id = index.insert(k, v).unwrap();
-                    model.entry(k).or_default().push((id, v));
-                }
-                Op::InsertMany(items) => {
-                    let ids = index.insert_many(items.clone()).unwrap();
-                    for ((k, v), id) in items.into_iter().zip(ids) {
-                        model.entry(k).or_default().push((id, v));
-                    }
-                }
-                Op::Remove(k, i) | Op::Take(k, i) => {
-                    let take = matches!(op, Op::Take(..));
-                    match model.get_mut(&k) {
-                        Some(entries) => {
-                            let (id, v) = entries.remove(i % entries.len());
-                            if entries.is_empty() {
-                                model.remove(&k);
-                            }
-                            if take {
-                                prop_assert_eq!(index.take(k, id), Ok(v));
-                            } else {
-                                prop_assert_eq!(index.remove(k, id), Ok(()));
-                            }
-                            // Removing twice fails and changes nothing.
-                            prop_assert_eq!(index.remove(k, id), Err(Error::NotFound));
-                        }
-                        None => {
-                            prop_assert_eq!(index.remove(k, EntryId::from_u64(i as u64)), Err(Error::NotFound));
-                        }
-                    }
-                }
-                Op::RemoveUnknown(k, raw) => {
-                    let known = model.get(&k).is_some_and(|e| e.iter().any(|x| x.0.as_u64() == raw));
-                    if !known {
-                        prop_assert_eq!(index.remove(k, EntryId::from_u64(raw)), Err(Error::NotFound));
-                    }
-                }
-                Op::RemoveAddr(k) => {
-                    let n = model.remove(&k).map_or(0, |e| e.len());
-                    prop_assert_eq!(index.remove_addr(k), n);
-                }
-                Op::Get(k) => {
-                    let want: Vec<u32> = model.get(&k).map(|e| e.iter().map(|x| x.1).collect()).unwrap_or_default();
-                    prop_assert_eq!(index.lookup(k, |v| v.to_vec()).unwrap_or_default(), want);
-                }
-                Op::Clear => {
-                    index.clear();
-                    model.clear();
-                }
-                Op::Iter => check_all(&index, &model),
-            }
-        }
-        check_all(&index, &model);
+    fn matches_hashmap_model(bytes in prop::collection::vec(any::<u8>(), 0..4096)) {
+        index_ops::run_bytes(&bytes);
     }
 }
 
