@@ -507,7 +507,7 @@ fn concurrent_stress() {
     let ops: Vec<u64> = writers.into_iter().map(|h| h.join().unwrap()).collect();
     let seen: Vec<u64> = readers.into_iter().map(|h| h.join().unwrap()).collect();
     assert!(
-        ops.iter().all(|&o| o > 0) && seen.iter().sum::<u64>() > 0,
+        ops.iter().all(|&o| o > 0) && (cfg!(miri) || seen.iter().sum::<u64>() > 0),
         "{ops:?} {seen:?}"
     );
     let stats = index.stats();
