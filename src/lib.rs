@@ -9,6 +9,14 @@
 //! * [`AddrIndex`] ([`index`]) — the address index: a multi-value concurrent
 //!   hash table with lock-free, store-free lookups and online resize.
 //! * [`cache`] — an opt-in per-thread recent-hit cache in front of the index.
+//! * [`ObjPool`] ([`objpool`]) — a fixed-capacity object pool with per-slot
+//!   rings, and [`retinst`] — per-thread return-instance stacks that reuse
+//!   finished instances without atomics.
+//! * [`probe`] — the kernel's fprobe: entry/exit probes on many addresses at
+//!   once, dispatch, misses by cause, safe unregister.
+//!
+//! Measurements: `BENCHMARKS.md`. Design invariants and memory-ordering
+//! arguments are in each module's documentation.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 

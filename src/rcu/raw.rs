@@ -175,8 +175,8 @@ impl Record {
 #[inline(never)]
 fn nesting_overflow() -> ! {
     // Aborting rather than panicking: this can be reached from a signal
-    // handler, and 65,535 nested sections is always a leak of guards.
-    eprintln!("fprobe::rcu: read-side nesting overflow (more than 65535 nested guards)");
+    // handler, and 32,767 nested sections is always a leak of guards.
+    eprintln!("fprobe::rcu: read-side nesting overflow (more than 32767 nested guards)");
     std::process::abort()
 }
 
