@@ -27,8 +27,13 @@ use crate::Config;
 enum Writer {
     Idle,
     Disjoint,
+    /// `Disjoint` capped at [`PACED_OPS`] operations per second.
+    DisjointPaced,
     HotSet,
 }
+
+/// Rate of the paced writer: a busy attach/detach workload, not a flood.
+const PACED_OPS: f64 = 10_000.0;
 
 pub fn run(cfg: &Config) -> Vec<Row> {
     let set = addrs::load(cfg.source, cfg.addrs, cfg.seed);
@@ -37,8 +42,11 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     println!("## churn\n");
     println!(
         "addresses: {n} from {}; {readers} reader (fprobe get, one read_lock per 100) + 1 writer thread, \
-         pinned to different CPUs where there are two\n",
-        set.origin
+         pinned to different CPUs where there are two; \
+         every remove retires the old record to fprobe's reclaimer thread (a third thread), \
+         whose grace periods use membarrier(2) when available (membarrier here: {})\n",
+        set.origin,
+        rcu::stats().membarrier
     );
     let data = addrs::handlers(&set.addrs, cfg.seed);
     let index = impls::fprobe_index(&data);
@@ -48,10 +56,11 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     let mut body = Vec::new();
     for (variant, workload, writer) in [
         ("disjoint", Workload::Uniform, Writer::Disjoint),
+        ("disjoint, 10k ops/s", Workload::Uniform, Writer::DisjointPaced),
         ("hot-set", Workload::Hot, Writer::HotSet),
     ] {
         let streams = addrs::streams(&set.addrs, workload, readers, BATCH, cfg.seed);
-        let (mut idle, mut churn, mut writes) = (Samples::default(), Samples::default(), Vec::new());
+        let (mut idle, mut churn, mut writes, mut gps) = (Samples::default(), Samples::default(), Vec::new(), Vec::new());
         for round in 0..=cfg.rounds {
             let s = phase(cfg, &index, &streams, Writer::Idle, &hot, top);
             eprintln!("  churn {variant:<8} round {}  writer idle      reader {:>8.2} M/s", round + 1, s.0.median() / 1e6);
@@ -59,13 +68,16 @@ pub fn run(cfg: &Config) -> Vec<Row> {
             if round == cfg.rounds {
                 break; // idle phases bracket every churn phase
             }
+            let (gp0, t0) = (rcu::stats().reclaim_grace_periods, Instant::now());
             let s = phase(cfg, &index, &streams, writer, &hot, top);
+            let gp = (rcu::stats().reclaim_grace_periods - gp0) as f64 / t0.elapsed().as_secs_f64();
             eprintln!(
-                "  churn {variant:<8} round {}  writer churning  reader {:>8.2} M/s, writer {:.2} M ops/s",
+                "  churn {variant:<8} round {}  writer churning  reader {:>8.2} M/s, writer {:.3} M ops/s, {gp:.0} grace periods/s",
                 round + 1,
                 s.0.median() / 1e6,
                 s.1 / 1e6
             );
+            gps.push(gp);
             churn.extend(s.0);
             writes.push(s.1);
         }
@@ -74,7 +86,8 @@ pub fn run(cfg: &Config) -> Vec<Row> {
             variant.to_string(),
             format!("{:.2} ± {:.2}", idle.mean() / 1e6, idle.stddev() / 1e6),
             format!("{:.2} ± {:.2}", churn.mean() / 1e6, churn.stddev() / 1e6),
-            format!("{:.2}", harness::median(&writes) / 1e6),
+            format!("{:.3}", harness::median(&writes) / 1e6),
+            format!("{:.0}", harness::median(&gps)),
             format!("{ratio:.3}× {}", if ratio >= 0.9 { "met" } else { "**missed**" }),
         ]);
         for (imp, s) in [("fprobe, writer idle", &idle), ("fprobe, writer churning", &churn)] {
@@ -94,7 +107,7 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     }
     report::print_table(
         &format!("churn: reader M/s with a writer idle vs churning ({n} addresses)"),
-        &["variant", "reader M/s, writer idle", "reader M/s, writer churning", "writer M ops/s (insert or remove)", "churn ÷ idle (medians, target ≥ 0.9×)"],
+        &["variant", "reader M/s, writer idle", "reader M/s, writer churning", "writer M ops/s (insert or remove)", "reclaimer grace periods/s", "churn ÷ idle (medians, target ≥ 0.9×)"],
         &body,
     );
     rows
@@ -115,7 +128,8 @@ fn phase(cfg: &Config, index: &AddrIndex<u64>, streams: &[Vec<u64>], writer: Wri
                     harness::pin_to(cpu);
                 }
                 let n = match writer {
-                    Writer::Disjoint => churn_disjoint(index, top, stop_writer),
+                    Writer::Disjoint => churn_disjoint(index, top, stop_writer, f64::INFINITY),
+                    Writer::DisjointPaced => churn_disjoint(index, top, stop_writer, PACED_OPS),
                     _ => churn_hot(index, hot, stop_writer),
                 };
                 // Relaxed: read after the scope joins this thread.
@@ -147,8 +161,10 @@ fn phase(cfg: &Config, index: &AddrIndex<u64>, streams: &[Vec<u64>], writer: Wri
 }
 
 /// Inserts fresh addresses above the read set and removes the oldest once
-/// 4,096 are in; returns the number of operations.
-fn churn_disjoint(index: &AddrIndex<u64>, top: u64, stop: &AtomicBool) -> u64 {
+/// 4,096 are in, at most `rate` operations per second; returns the number
+/// of operations.
+fn churn_disjoint(index: &AddrIndex<u64>, top: u64, stop: &AtomicBool, rate: f64) -> u64 {
+    let t0 = Instant::now();
     const WINDOW: usize = 4096;
     let mut live: VecDeque<(u64, EntryId)> = VecDeque::with_capacity(WINDOW + 1);
     let (mut next, mut ops) = ((top & !15) + 0x1000, 0u64);
@@ -162,6 +178,9 @@ fn churn_disjoint(index: &AddrIndex<u64>, top: u64, stop: &AtomicBool) -> u64 {
             let (a, id) = live.pop_front().expect("non-empty");
             index.remove(a, id).expect("inserted above");
             ops += 1;
+        }
+        while ops as f64 > rate * t0.elapsed().as_secs_f64() {
+            std::thread::sleep(std::time::Duration::from_micros(200));
         }
     }
     for (a, id) in live {
