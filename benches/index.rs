@@ -34,7 +34,9 @@ fn layout(n: usize) -> Vec<(u64, Vec<u64>)> {
 fn stream(data: &[(u64, Vec<u64>)]) -> Vec<u64> {
     let mut rng = StdRng::seed_from_u64(7);
     let len = (data.len() * 2).next_power_of_two().clamp(1 << 12, 1 << 21);
-    (0..len).map(|_| data[rng.random_range(0..data.len())].0).collect()
+    (0..len)
+        .map(|_| data[rng.random_range(0..data.len())].0)
+        .collect()
 }
 
 /// Runs `lookup` on successive stream addresses, one per iteration.
@@ -57,15 +59,28 @@ fn lookup(c: &mut Criterion) {
 
         let index = AddrIndex::new();
         index
-            .insert_many(data.iter().flat_map(|(a, vs)| vs.iter().map(move |v| (*a, *v))))
+            .insert_many(
+                data.iter()
+                    .flat_map(|(a, vs)| vs.iter().map(move |v| (*a, *v))),
+            )
             .unwrap();
-        g.bench_with_input(BenchmarkId::new("fprobe::AddrIndex::lookup", n), &s, |b, s| {
-            bench_stream(b, s, |a| index.lookup(a, |v| v.iter().sum::<u64>()).unwrap_or(0))
-        });
-        g.bench_with_input(BenchmarkId::new("fprobe::AddrIndex::get(held guard)", n), &s, |b, s| {
-            let guard = rcu::read_lock();
-            bench_stream(b, s, |a| index.get(a, &guard).iter().sum::<u64>())
-        });
+        g.bench_with_input(
+            BenchmarkId::new("fprobe::AddrIndex::lookup", n),
+            &s,
+            |b, s| {
+                bench_stream(b, s, |a| {
+                    index.lookup(a, |v| v.iter().sum::<u64>()).unwrap_or(0)
+                })
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("fprobe::AddrIndex::get(held guard)", n),
+            &s,
+            |b, s| {
+                let guard = rcu::read_lock();
+                bench_stream(b, s, |a| index.get(a, &guard).iter().sum::<u64>())
+            },
+        );
         drop(index);
 
         let hb: hashbrown::HashMap<u64, Vec<u64>> = data.iter().cloned().collect();
@@ -79,7 +94,9 @@ fn lookup(c: &mut Criterion) {
             pa.pin().insert(*a, v.clone());
         }
         g.bench_with_input(BenchmarkId::new("papaya(pin per lookup)", n), &s, |b, s| {
-            bench_stream(b, s, |a| pa.pin().get(&a).map_or(0, |v| v.iter().sum::<u64>()))
+            bench_stream(b, s, |a| {
+                pa.pin().get(&a).map_or(0, |v| v.iter().sum::<u64>())
+            })
         });
         drop(pa);
 
@@ -87,9 +104,15 @@ fn lookup(c: &mut Criterion) {
         for (a, v) in &data {
             let _ = sc.insert(*a, v.clone());
         }
-        g.bench_with_input(BenchmarkId::new("scc::HashIndex::peek_with", n), &s, |b, s| {
-            bench_stream(b, s, |a| sc.peek_with(&a, |_, v| v.iter().sum::<u64>()).unwrap_or(0))
-        });
+        g.bench_with_input(
+            BenchmarkId::new("scc::HashIndex::peek_with", n),
+            &s,
+            |b, s| {
+                bench_stream(b, s, |a| {
+                    sc.peek_with(&a, |_, v| v.iter().sum::<u64>()).unwrap_or(0)
+                })
+            },
+        );
         drop(sc);
 
         let dm = dashmap::DashMap::with_hasher(DefaultHashBuilder::default());

@@ -40,7 +40,10 @@ pub struct AddrSet {
 pub fn load(source: Source, n: usize, seed: u64) -> AddrSet {
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut all, origin) = match source {
-        Source::Synthetic => (synthetic(n, &mut rng), format!("synthetic layout ({n} functions)")),
+        Source::Synthetic => (
+            synthetic(n, &mut rng),
+            format!("synthetic layout ({n} functions)"),
+        ),
         Source::SelfExe => elf_or_synthetic(&[PathBuf::from("/proc/self/exe")], n, &mut rng),
         Source::Elf => {
             let mut c = elf_candidates();
@@ -79,7 +82,10 @@ fn elf_candidates() -> Vec<PathBuf> {
             }
         }
     }
-    if let Ok(out) = std::process::Command::new("rustc").args(["--print", "sysroot"]).output() {
+    if let Ok(out) = std::process::Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+    {
         let lib = Path::new(String::from_utf8_lossy(&out.stdout).trim()).join("lib");
         if let Ok(rd) = std::fs::read_dir(&lib) {
             for e in rd.flatten() {
@@ -101,8 +107,14 @@ fn elf_candidates() -> Vec<PathBuf> {
 fn elf_or_synthetic(cands: &[PathBuf], n: usize, rng: &mut StdRng) -> (Vec<u64>, String) {
     let mut best: Option<(Vec<u64>, String)> = None;
     for p in cands {
-        let Some(addrs) = function_symbols(p) else { continue };
-        let origin = format!("{} ({} distinct function symbols)", p.display(), addrs.len());
+        let Some(addrs) = function_symbols(p) else {
+            continue;
+        };
+        let origin = format!(
+            "{} ({} distinct function symbols)",
+            p.display(),
+            addrs.len()
+        );
         let enough = addrs.len() >= n;
         if best.as_ref().is_none_or(|(b, _)| addrs.len() > b.len()) {
             best = Some((addrs, origin));
@@ -111,8 +123,12 @@ fn elf_or_synthetic(cands: &[PathBuf], n: usize, rng: &mut StdRng) -> (Vec<u64>,
             break;
         }
     }
-    best.filter(|(a, _)| !a.is_empty())
-        .unwrap_or_else(|| (synthetic(n, rng), format!("synthetic layout ({n} functions; no ELF readable)")))
+    best.filter(|(a, _)| !a.is_empty()).unwrap_or_else(|| {
+        (
+            synthetic(n, rng),
+            format!("synthetic layout ({n} functions; no ELF readable)"),
+        )
+    })
 }
 
 fn function_symbols(path: &Path) -> Option<Vec<u64>> {
@@ -175,13 +191,22 @@ pub const HOT_ADDRS: usize = 64;
 /// The hot set of [`Workload::Hot`] for this seed.
 pub fn hot_set(addrs: &[u64], seed: u64) -> Vec<u64> {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x407);
-    addrs.choose_multiple(&mut rng, HOT_ADDRS.min(addrs.len())).copied().collect()
+    addrs
+        .choose_multiple(&mut rng, HOT_ADDRS.min(addrs.len()))
+        .copied()
+        .collect()
 }
 
 /// One lookup stream per producer: a different random sequence each, long
 /// enough not to fit a cache for big sets (2 per address, 64Ki..2Mi), a
 /// multiple of the batch.
-pub fn streams(addrs: &[u64], workload: Workload, producers: usize, batch: usize, seed: u64) -> Vec<Vec<u64>> {
+pub fn streams(
+    addrs: &[u64],
+    workload: Workload,
+    producers: usize,
+    batch: usize,
+    seed: u64,
+) -> Vec<Vec<u64>> {
     let len = (addrs.len() * 2).clamp(1 << 16, 1 << 21) / batch * batch;
     let hot = hot_set(addrs, seed);
     (0..producers)

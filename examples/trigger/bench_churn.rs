@@ -17,11 +17,11 @@ use std::time::Instant;
 
 use fprobe::{AddrIndex, EntryId, rcu};
 
+use crate::Config;
 use crate::addrs::{self, Workload};
 use crate::harness::{self, Samples};
 use crate::impls::{self, BATCH};
 use crate::report::{self, Row};
-use crate::Config;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Writer {
@@ -56,14 +56,27 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     let mut body = Vec::new();
     for (variant, workload, writer) in [
         ("disjoint", Workload::Uniform, Writer::Disjoint),
-        ("disjoint, 10k ops/s", Workload::Uniform, Writer::DisjointPaced),
+        (
+            "disjoint, 10k ops/s",
+            Workload::Uniform,
+            Writer::DisjointPaced,
+        ),
         ("hot-set", Workload::Hot, Writer::HotSet),
     ] {
         let streams = addrs::streams(&set.addrs, workload, readers, BATCH, cfg.seed);
-        let (mut idle, mut churn, mut writes, mut gps) = (Samples::default(), Samples::default(), Vec::new(), Vec::new());
+        let (mut idle, mut churn, mut writes, mut gps) = (
+            Samples::default(),
+            Samples::default(),
+            Vec::new(),
+            Vec::new(),
+        );
         for round in 0..=cfg.rounds {
             let s = phase(cfg, &index, &streams, Writer::Idle, &hot, top);
-            eprintln!("  churn {variant:<8} round {}  writer idle      reader {:>8.2} M/s", round + 1, s.0.median() / 1e6);
+            eprintln!(
+                "  churn {variant:<8} round {}  writer idle      reader {:>8.2} M/s",
+                round + 1,
+                s.0.median() / 1e6
+            );
             idle.extend(s.0);
             if round == cfg.rounds {
                 break; // idle phases bracket every churn phase
@@ -88,9 +101,15 @@ pub fn run(cfg: &Config) -> Vec<Row> {
             format!("{:.2} ± {:.2}", churn.mean() / 1e6, churn.stddev() / 1e6),
             format!("{:.3}", harness::median(&writes) / 1e6),
             format!("{:.0}", harness::median(&gps)),
-            format!("{ratio:.3}× {}", if ratio >= 0.9 { "met" } else { "**missed**" }),
+            format!(
+                "{ratio:.3}× {}",
+                if ratio >= 0.9 { "met" } else { "**missed**" }
+            ),
         ]);
-        for (imp, s) in [("fprobe, writer idle", &idle), ("fprobe, writer churning", &churn)] {
+        for (imp, s) in [
+            ("fprobe, writer idle", &idle),
+            ("fprobe, writer churning", &churn),
+        ] {
             rows.push(Row {
                 bench: "churn",
                 workload: variant.into(),
@@ -107,7 +126,14 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     }
     report::print_table(
         &format!("churn: reader M/s with a writer idle vs churning ({n} addresses)"),
-        &["variant", "reader M/s, writer idle", "reader M/s, writer churning", "writer M ops/s (insert or remove)", "reclaimer grace periods/s", "churn ÷ idle (medians, target ≥ 0.9×)"],
+        &[
+            "variant",
+            "reader M/s, writer idle",
+            "reader M/s, writer churning",
+            "writer M ops/s (insert or remove)",
+            "reclaimer grace periods/s",
+            "churn ÷ idle (medians, target ≥ 0.9×)",
+        ],
         &body,
     );
     rows
@@ -115,7 +141,14 @@ pub fn run(cfg: &Config) -> Vec<Row> {
 
 /// One phase: the reader(s) measured by the sampler while `writer` runs on
 /// its own thread; returns the reader samples and the writer's ops/s.
-fn phase(cfg: &Config, index: &AddrIndex<u64>, streams: &[Vec<u64>], writer: Writer, hot: &[u64], top: u64) -> (Samples, f64) {
+fn phase(
+    cfg: &Config,
+    index: &AddrIndex<u64>,
+    streams: &[Vec<u64>],
+    writer: Writer,
+    hot: &[u64],
+    top: u64,
+) -> (Samples, f64) {
     let stop_writer = AtomicBool::new(false);
     let ops = AtomicU64::new(0);
     let t0 = Instant::now();
@@ -136,28 +169,37 @@ fn phase(cfg: &Config, index: &AddrIndex<u64>, streams: &[Vec<u64>], writer: Wri
                 ops.store(n, Ordering::Relaxed);
             });
         }
-        let samples = harness::run_producers(streams.len(), 0, &cfg.cpus, cfg.timing, |i, counter, stop| {
-            let stream = &streams[i];
-            let mut pos = 0;
-            let mut acc = 0u64;
-            // Relaxed: polled once per batch.
-            while !stop.load(Ordering::Relaxed) {
-                let batch = black_box(&stream[pos..pos + BATCH]);
-                let guard = rcu::read_lock();
-                for &a in batch {
-                    acc = acc.wrapping_add(index.get(a, &guard).iter().sum::<u64>());
+        let samples = harness::run_producers(
+            streams.len(),
+            0,
+            &cfg.cpus,
+            cfg.timing,
+            |i, counter, stop| {
+                let stream = &streams[i];
+                let mut pos = 0;
+                let mut acc = 0u64;
+                // Relaxed: polled once per batch.
+                while !stop.load(Ordering::Relaxed) {
+                    let batch = black_box(&stream[pos..pos + BATCH]);
+                    let guard = rcu::read_lock();
+                    for &a in batch {
+                        acc = acc.wrapping_add(index.get(a, &guard).iter().sum::<u64>());
+                    }
+                    drop(guard);
+                    counter.add(BATCH as u64);
+                    pos = (pos + BATCH) % stream.len();
                 }
-                drop(guard);
-                counter.add(BATCH as u64);
-                pos = (pos + BATCH) % stream.len();
-            }
-            black_box(acc);
-        });
+                black_box(acc);
+            },
+        );
         // Relaxed: the writer polls it; the scope joins it.
         stop_writer.store(true, Ordering::Relaxed);
         samples
     });
-    (samples, ops.into_inner() as f64 / t0.elapsed().as_secs_f64())
+    (
+        samples,
+        ops.into_inner() as f64 / t0.elapsed().as_secs_f64(),
+    )
 }
 
 /// Inserts fresh addresses above the read set and removes the oldest once

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use fprobe::AddrIndex;
 use hashbrown::DefaultHashBuilder;
 
+use crate::Config;
 use crate::addrs;
 use crate::harness::median;
 use crate::report::{self, Row};
-use crate::Config;
 
 const REPS: usize = 5;
 
@@ -90,13 +90,19 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     let a = &set.addrs;
     let n = a.len();
     println!("## registration\n");
-    println!("addresses: {n} from {}, one value each, in address order; median of {REPS} (interleaved)\n", set.origin);
+    println!(
+        "addresses: {n} from {}, one value each, in address order; median of {REPS} (interleaved)\n",
+        set.origin
+    );
     let mut ns: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
     for rep in 0..REPS {
         for (k, (name, f)) in VARIANTS.iter().enumerate() {
             let d = f(a);
             let per = d.as_nanos() as f64 / n as f64;
-            eprintln!("  registration rep {}/{REPS}  {name:<40} {per:>8.1} ns/addr", rep + 1);
+            eprintln!(
+                "  registration rep {}/{REPS}  {name:<40} {per:>8.1} ns/addr",
+                rep + 1
+            );
             ns[k].push(per);
         }
     }
@@ -105,10 +111,14 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     for ((name, _), v) in VARIANTS.iter().zip(&ns) {
         let m = median(v);
         let mean = v.iter().sum::<f64>() / v.len() as f64;
-        let sd = (v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (v.len() - 1).max(1) as f64).sqrt();
+        let sd = (v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>()
+            / (v.len() - 1).max(1) as f64)
+            .sqrt();
         let total_ms = m * n as f64 / 1e6;
         let target = match *name {
-            n if n.starts_with("fprobe insert,") => format!("≤ 100: {}", if m <= 100.0 { "met" } else { "**missed**" }),
+            n if n.starts_with("fprobe insert,") => {
+                format!("≤ 100: {}", if m <= 100.0 { "met" } else { "**missed**" })
+            }
             _ => "–".into(),
         };
         body.push(vec![
@@ -133,7 +143,13 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     }
     report::print_table(
         &format!("registration of {n} addresses (one thread)"),
-        &["implementation", "ns/addr median", "ns/addr mean ± sd", "ms total (median)", "target"],
+        &[
+            "implementation",
+            "ns/addr median",
+            "ns/addr mean ± sd",
+            "ms total (median)",
+            "target",
+        ],
         &body,
     );
     rows

@@ -22,7 +22,8 @@ impl PaddedCounter {
     #[inline(always)]
     pub fn add(&self, n: u64) {
         // Relaxed: a statistic; the sampler only needs an eventually fresh value.
-        self.0.store(self.0.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+        self.0
+            .store(self.0.load(Ordering::Relaxed) + n, Ordering::Relaxed);
     }
 
     pub fn get(&self) -> u64 {
@@ -37,7 +38,8 @@ pub fn allowed_cpus() -> Vec<usize> {
     // SAFETY: `cpu_set_t` is plain bits; all-zero is a valid (empty) set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` is a live, writable `cpu_set_t` of the size we pass.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
     if rc != 0 {
         return Vec::new();
     }
@@ -106,14 +108,24 @@ pub fn median(xs: &[f64]) -> f64 {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
     let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 /// Runs `threads` producers, producer `i` calling `producer(i, &counter,
 /// &stop)` once; it must loop until `stop` is set, adding to `counter` as it
 /// goes. Producer `i` is pinned to `cpus[(first_cpu + i) % cpus.len()]`.
 /// Samples every `timing.sample`, discards the warm-up samples.
-pub fn run_producers<F>(threads: usize, first_cpu: usize, cpus: &[usize], timing: Timing, producer: F) -> Samples
+pub fn run_producers<F>(
+    threads: usize,
+    first_cpu: usize,
+    cpus: &[usize],
+    timing: Timing,
+    producer: F,
+) -> Samples
 where
     F: Fn(usize, &PaddedCounter, &AtomicBool) + Sync,
 {
@@ -142,7 +154,8 @@ where
             let now = total();
             let t = Instant::now();
             if k >= timing.warmup_samples {
-                out.rates.push((now - last) as f64 / (t - t_last).as_secs_f64());
+                out.rates
+                    .push((now - last) as f64 / (t - t_last).as_secs_f64());
             }
             last = now;
             t_last = t;

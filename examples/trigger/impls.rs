@@ -27,16 +27,37 @@ pub struct Impl {
 
 /// Every implementation name, in report order.
 pub const NAMES: &[(&str, &str)] = &[
-    ("fprobe", "fprobe::AddrIndex::get, one rcu::read_lock per batch of 100"),
-    ("fprobe-lock-per-lookup", "fprobe::AddrIndex::lookup, one rcu::read_lock per lookup"),
-    ("hashbrown-ceiling", "unsynchronised read-only hashbrown::HashMap<u64, Vec<u64>>"),
-    ("fixed256", "old fprobe table: 256 buckets of immutable chains, one node per handler, full chain walk"),
-    ("fixed256-array", "fixed256 with each chain a contiguous array of (address, handler): a stronger variant than the kernel had"),
-    ("rwlock-hashbrown", "parking_lot::RwLock<hashbrown::HashMap>, read lock per lookup"),
+    (
+        "fprobe",
+        "fprobe::AddrIndex::get, one rcu::read_lock per batch of 100",
+    ),
+    (
+        "fprobe-lock-per-lookup",
+        "fprobe::AddrIndex::lookup, one rcu::read_lock per lookup",
+    ),
+    (
+        "hashbrown-ceiling",
+        "unsynchronised read-only hashbrown::HashMap<u64, Vec<u64>>",
+    ),
+    (
+        "fixed256",
+        "old fprobe table: 256 buckets of immutable chains, one node per handler, full chain walk",
+    ),
+    (
+        "fixed256-array",
+        "fixed256 with each chain a contiguous array of (address, handler): a stronger variant than the kernel had",
+    ),
+    (
+        "rwlock-hashbrown",
+        "parking_lot::RwLock<hashbrown::HashMap>, read lock per lookup",
+    ),
     ("dashmap", "dashmap::DashMap 6, get per lookup"),
     ("papaya", "papaya::HashMap 0.2, pin per lookup"),
     ("scc", "scc::HashIndex 2, peek_with per lookup"),
-    ("arc-swap", "arc_swap::ArcSwap<hashbrown::HashMap>, load per lookup"),
+    (
+        "arc-swap",
+        "arc_swap::ArcSwap<hashbrown::HashMap>, load per lookup",
+    ),
 ];
 
 pub fn known(name: &str) -> bool {
@@ -93,7 +114,10 @@ pub fn build(data: &[(u64, Vec<u64>)], keep: &dyn Fn(&str) -> bool) -> Vec<Impl>
 pub fn fprobe_index(data: &[(u64, Vec<u64>)]) -> AddrIndex<u64> {
     let index = AddrIndex::new();
     index
-        .insert_many(data.iter().flat_map(|(a, vs)| vs.iter().map(move |v| (*a, *v))))
+        .insert_many(
+            data.iter()
+                .flat_map(|(a, vs)| vs.iter().map(move |v| (*a, *v))),
+        )
         .expect("no address limit configured");
     index
 }
@@ -104,7 +128,10 @@ impl LookupImpl for FprobeBatch {
     #[inline(never)]
     fn batch(&self, addrs: &[u64]) -> u64 {
         let guard = rcu::read_lock();
-        addrs.iter().map(|&a| self.0.get(a, &guard).iter().sum::<u64>()).sum()
+        addrs
+            .iter()
+            .map(|&a| self.0.get(a, &guard).iter().sum::<u64>())
+            .sum()
     }
 }
 
@@ -113,7 +140,10 @@ struct FprobePerLookup(AddrIndex<u64>);
 impl LookupImpl for FprobePerLookup {
     #[inline(never)]
     fn batch(&self, addrs: &[u64]) -> u64 {
-        addrs.iter().map(|&a| self.0.lookup(a, |v| v.iter().sum::<u64>()).unwrap_or(0)).sum()
+        addrs
+            .iter()
+            .map(|&a| self.0.lookup(a, |v| v.iter().sum::<u64>()).unwrap_or(0))
+            .sum()
     }
 }
 
@@ -122,7 +152,10 @@ struct Ceiling(hashbrown::HashMap<u64, Vec<u64>>);
 impl LookupImpl for Ceiling {
     #[inline(never)]
     fn batch(&self, addrs: &[u64]) -> u64 {
-        addrs.iter().map(|a| self.0.get(a).map_or(0, |v| v.iter().sum::<u64>())).sum()
+        addrs
+            .iter()
+            .map(|a| self.0.get(a).map_or(0, |v| v.iter().sum::<u64>()))
+            .sum()
     }
 }
 
@@ -131,7 +164,10 @@ struct RwLocked(parking_lot::RwLock<hashbrown::HashMap<u64, Vec<u64>>>);
 impl LookupImpl for RwLocked {
     #[inline(never)]
     fn batch(&self, addrs: &[u64]) -> u64 {
-        addrs.iter().map(|a| self.0.read().get(a).map_or(0, |v| v.iter().sum::<u64>())).sum()
+        addrs
+            .iter()
+            .map(|a| self.0.read().get(a).map_or(0, |v| v.iter().sum::<u64>()))
+            .sum()
     }
 }
 
@@ -140,7 +176,10 @@ struct Dash(dashmap::DashMap<u64, Vec<u64>, DefaultHashBuilder>);
 impl LookupImpl for Dash {
     #[inline(never)]
     fn batch(&self, addrs: &[u64]) -> u64 {
-        addrs.iter().map(|a| self.0.get(a).map_or(0, |v| v.iter().sum::<u64>())).sum()
+        addrs
+            .iter()
+            .map(|a| self.0.get(a).map_or(0, |v| v.iter().sum::<u64>()))
+            .sum()
     }
 }
 
@@ -149,7 +188,10 @@ struct Papaya(papaya::HashMap<u64, Vec<u64>, DefaultHashBuilder>);
 impl LookupImpl for Papaya {
     #[inline(never)]
     fn batch(&self, addrs: &[u64]) -> u64 {
-        addrs.iter().map(|a| self.0.pin().get(a).map_or(0, |v| v.iter().sum::<u64>())).sum()
+        addrs
+            .iter()
+            .map(|a| self.0.pin().get(a).map_or(0, |v| v.iter().sum::<u64>()))
+            .sum()
     }
 }
 
@@ -158,7 +200,14 @@ struct Scc(scc::HashIndex<u64, Vec<u64>, DefaultHashBuilder>);
 impl LookupImpl for Scc {
     #[inline(never)]
     fn batch(&self, addrs: &[u64]) -> u64 {
-        addrs.iter().map(|a| self.0.peek_with(a, |_, v| v.iter().sum::<u64>()).unwrap_or(0)).sum()
+        addrs
+            .iter()
+            .map(|a| {
+                self.0
+                    .peek_with(a, |_, v| v.iter().sum::<u64>())
+                    .unwrap_or(0)
+            })
+            .sum()
     }
 }
 
@@ -167,7 +216,10 @@ struct Swap(arc_swap::ArcSwap<hashbrown::HashMap<u64, Vec<u64>>>);
 impl LookupImpl for Swap {
     #[inline(never)]
     fn batch(&self, addrs: &[u64]) -> u64 {
-        addrs.iter().map(|a| self.0.load().get(a).map_or(0, |v| v.iter().sum::<u64>())).sum()
+        addrs
+            .iter()
+            .map(|a| self.0.load().get(a).map_or(0, |v| v.iter().sum::<u64>()))
+            .sum()
     }
 }
 
@@ -200,7 +252,11 @@ impl Fixed256 {
         for (addr, handlers) in data {
             for &handler in handlers {
                 let head = &mut heads[Self::bucket(*addr)];
-                *head = Some(Box::new(Node { addr: *addr, handler, next: head.take() }));
+                *head = Some(Box::new(Node {
+                    addr: *addr,
+                    handler,
+                    next: head.take(),
+                }));
             }
         }
         Self { heads }
@@ -246,7 +302,8 @@ struct Fixed256Array {
 
 impl Fixed256Array {
     fn new(data: &[(u64, Vec<u64>)]) -> Self {
-        let mut buckets: Vec<Vec<(u64, u64)>> = (0..1 << Fixed256::BITS).map(|_| Vec::new()).collect();
+        let mut buckets: Vec<Vec<(u64, u64)>> =
+            (0..1 << Fixed256::BITS).map(|_| Vec::new()).collect();
         for (addr, handlers) in data {
             for &handler in handlers {
                 buckets[Fixed256::bucket(*addr)].push((*addr, handler));

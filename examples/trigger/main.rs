@@ -83,7 +83,9 @@ impl std::fmt::Debug for BenchDef {
 
 impl Config {
     pub fn keep_impl(&self, name: &str) -> bool {
-        self.impls.as_ref().is_none_or(|v| v.iter().any(|n| n == name))
+        self.impls
+            .as_ref()
+            .is_none_or(|v| v.iter().any(|n| n == name))
     }
 }
 
@@ -120,7 +122,11 @@ fn usage() -> String {
 
 fn parse_list<T: std::str::FromStr>(flag: &str, v: &str) -> Result<Vec<T>, String> {
     v.split(',')
-        .map(|x| x.trim().parse().map_err(|_| format!("{flag}: cannot parse {x:?}")))
+        .map(|x| {
+            x.trim()
+                .parse()
+                .map_err(|_| format!("{flag}: cannot parse {x:?}"))
+        })
         .collect()
 }
 
@@ -129,7 +135,11 @@ fn parse_args(args: Vec<String>) -> Result<Config, String> {
     let mut benches = vec![&BENCHES[0]];
     let mut threads: Vec<usize> = (1..=ncpu).collect();
     let (mut sample_ms, mut duration_ms, mut warmup, mut rounds) = (None, None, 1usize, None);
-    let (mut addrs, mut source, mut workloads) = (50_000usize, Source::Elf, vec![Workload::Uniform, Workload::Hot]);
+    let (mut addrs, mut source, mut workloads) = (
+        50_000usize,
+        Source::Elf,
+        vec![Workload::Uniform, Workload::Hot],
+    );
     let (mut impls_filter, mut csv, mut svg, mut seed) = (None, None, None, 1u64);
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
@@ -137,7 +147,10 @@ fn parse_args(args: Vec<String>) -> Result<Config, String> {
             return Err(usage());
         }
         let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        let num = |v: String| v.parse::<u64>().map_err(|_| format!("{flag}: not a number: {v:?}"));
+        let num = |v: String| {
+            v.parse::<u64>()
+                .map_err(|_| format!("{flag}: not a number: {v:?}"))
+        };
         match flag.as_str() {
             "--bench" => {
                 let v = val()?;
@@ -145,7 +158,12 @@ fn parse_args(args: Vec<String>) -> Result<Config, String> {
                     BENCHES.iter().collect()
                 } else {
                     v.split(',')
-                        .map(|n| BENCHES.iter().find(|b| b.name == n).ok_or(format!("unknown benchmark {n:?}")))
+                        .map(|n| {
+                            BENCHES
+                                .iter()
+                                .find(|b| b.name == n)
+                                .ok_or(format!("unknown benchmark {n:?}"))
+                        })
                         .collect::<Result<_, _>>()?
                 };
             }
@@ -175,11 +193,19 @@ fn parse_args(args: Vec<String>) -> Result<Config, String> {
     }
     let quick = sample_ms.is_none() && duration_ms.is_none();
     let timing = if quick {
-        Timing { sample: Duration::from_millis(200), warmup_samples: warmup, samples: 3 }
+        Timing {
+            sample: Duration::from_millis(200),
+            warmup_samples: warmup,
+            samples: 3,
+        }
     } else {
         let s = sample_ms.unwrap_or(1000).max(1);
         let d = duration_ms.unwrap_or(5000);
-        Timing { sample: Duration::from_millis(s), warmup_samples: warmup, samples: (d / s).max(1) as usize }
+        Timing {
+            sample: Duration::from_millis(s),
+            warmup_samples: warmup,
+            samples: (d / s).max(1) as usize,
+        }
     };
     let rounds = rounds.unwrap_or(if quick { 2 } else { 1 });
     Ok(Config {
@@ -203,7 +229,11 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(msg) => {
             eprintln!("{msg}");
-            return if msg.starts_with("usage") { ExitCode::SUCCESS } else { ExitCode::from(2) };
+            return if msg.starts_with("usage") {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            };
         }
     };
     let t0 = Instant::now();
@@ -229,7 +259,11 @@ fn main() -> ExitCode {
             Err(e) => eprintln!("cannot write {path}: {e}"),
         }
     }
-    println!("finished in {:.1} s; {} at the end", t0.elapsed().as_secs_f64(), report::loadavg());
+    println!(
+        "finished in {:.1} s; {} at the end",
+        t0.elapsed().as_secs_f64(),
+        report::loadavg()
+    );
     eprintln!("done in {:.1} s", t0.elapsed().as_secs_f64());
     ExitCode::SUCCESS
 }

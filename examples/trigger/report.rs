@@ -33,7 +33,11 @@ impl Row {
 pub fn machine_line(cfg: &Config) -> String {
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_else(|| "unknown CPU".into());
     let n = std::thread::available_parallelism().map_or(0, |n| n.get());
     format!(
@@ -53,10 +57,8 @@ pub fn timing_line(cfg: &Config) -> String {
         cfg.rounds
     );
     if t.sample.as_millis() < 1000 {
-        s += &format!(
-            "\nnote: shorter samples than the kernel's 1 s (to fit the default run in two minutes); \
-             pass --sample-ms 1000 --duration-ms 5000 for the kernel's method"
-        );
+        s += "\nnote: shorter samples than the kernel's 1 s (to fit the default run in two minutes); \
+              pass --sample-ms 1000 --duration-ms 5000 for the kernel's method";
     }
     s
 }
@@ -74,12 +76,24 @@ pub fn print_table(title: &str, header: &[&str], body: &[Vec<String>]) {
 }
 
 pub fn write_csv(path: &str, rows: &[Row]) -> std::io::Result<()> {
-    let mut s = String::from("bench,workload,addrs,impl,threads,unit,mean,stddev,median,per_thread,samples\n");
+    let mut s = String::from(
+        "bench,workload,addrs,impl,threads,unit,mean,stddev,median,per_thread,samples\n",
+    );
     for r in rows {
         let _ = writeln!(
             s,
             "{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{}",
-            r.bench, r.workload, r.addrs, r.imp, r.threads, r.unit, r.mean, r.stddev, r.median, r.per_thread(), r.samples
+            r.bench,
+            r.workload,
+            r.addrs,
+            r.imp,
+            r.threads,
+            r.unit,
+            r.mean,
+            r.stddev,
+            r.median,
+            r.per_thread(),
+            r.samples
         );
     }
     std::fs::write(path, s)
@@ -103,19 +117,35 @@ pub fn write_svg(path: &str, rows: &[Row]) -> Result<(), Box<dyn std::error::Err
         }
     }
     let max_t = rows.iter().map(|r| r.threads).max().unwrap_or(1);
-    let lo = rows.iter().map(|r| r.median).fold(f64::INFINITY, f64::min).max(0.01) * 0.7;
+    let lo = rows
+        .iter()
+        .map(|r| r.median)
+        .fold(f64::INFINITY, f64::min)
+        .max(0.01)
+        * 0.7;
     let hi = rows.iter().map(|r| r.median).fold(0.0, f64::max) * 1.5;
     let root = SVGBackend::new(path, (1000, 480 * workloads.len() as u32)).into_drawing_area();
     root.fill(&WHITE)?;
     let addrs = rows[0].addrs;
-    for (area, w) in root.split_evenly((workloads.len(), 1)).iter().zip(&workloads) {
+    for (area, w) in root
+        .split_evenly((workloads.len(), 1))
+        .iter()
+        .zip(&workloads)
+    {
         let mut chart = ChartBuilder::on(area)
-            .caption(format!("lookup, {w}, {addrs} addresses: M lookups/s (median)"), ("sans-serif", 20))
+            .caption(
+                format!("lookup, {w}, {addrs} addresses: M lookups/s (median)"),
+                ("sans-serif", 20),
+            )
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(60)
             .build_cartesian_2d(0.5f64..max_t as f64 + 0.5, (lo..hi).log_scale())?;
-        chart.configure_mesh().x_desc("producer threads").y_desc("M/s").draw()?;
+        chart
+            .configure_mesh()
+            .x_desc("producer threads")
+            .y_desc("M/s")
+            .draw()?;
         for (i, name) in names.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             let mut pts: Vec<(f64, f64)> = rows
@@ -127,7 +157,9 @@ pub fn write_svg(path: &str, rows: &[Row]) -> Result<(), Box<dyn std::error::Err
             chart
                 .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
                 .label(*name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
             chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
         }
         chart
@@ -145,6 +177,10 @@ pub fn write_svg(path: &str, rows: &[Row]) -> Result<(), Box<dyn std::error::Err
 pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
-        .and_then(|s| s.split_whitespace().next().map(|l| format!("load average {l}")))
+        .and_then(|s| {
+            s.split_whitespace()
+                .next()
+                .map(|l| format!("load average {l}"))
+        })
         .unwrap_or_default()
 }
