@@ -1,0 +1,247 @@
+//! `--bench churn`: throughput of fprobe readers while one writer thread
+//! continuously inserts and removes, as a ratio to the same readers with no
+//! writer. Phases alternate idle, churn, idle, … on the same index and the
+//! same reader streams; the ratio is of the pooled medians.
+//!
+//! Variants:
+//! * `disjoint`: uniform readers over the address set; the writer churns a
+//!   window of 4,096 other addresses (insert a new one, remove the oldest).
+//! * `hot-set`: hot readers (90% on 64 addresses); the writer adds a value
+//!   to a hot address and removes it again, round-robin over the hot set,
+//!   so the records the readers hit are replaced (copy-on-write) under them.
+
+use std::collections::VecDeque;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+use fprobe::{AddrIndex, EntryId, rcu};
+
+use crate::Config;
+use crate::addrs::{self, Workload};
+use crate::harness::{self, Samples};
+use crate::impls::{self, BATCH};
+use crate::report::{self, Row};
+
+#[derive(Clone, Copy, PartialEq)]
+enum Writer {
+    Idle,
+    Disjoint,
+    /// `Disjoint` capped at [`PACED_OPS`] operations per second.
+    DisjointPaced,
+    HotSet,
+}
+
+/// Rate of the paced writer: a busy attach/detach workload, not a flood.
+const PACED_OPS: f64 = 10_000.0;
+
+pub fn run(cfg: &Config) -> Vec<Row> {
+    let set = addrs::load(cfg.source, cfg.addrs, cfg.seed);
+    let n = set.addrs.len();
+    let readers = 1;
+    println!("## churn\n");
+    println!(
+        "addresses: {n} from {}; {readers} reader (fprobe get, one read_lock per 100) + 1 writer thread, \
+         pinned to different CPUs where there are two; \
+         every remove retires the old record to fprobe's reclaimer thread (a third thread), \
+         whose grace periods use membarrier(2) when available (membarrier here: {})\n",
+        set.origin,
+        rcu::stats().membarrier
+    );
+    let data = addrs::handlers(&set.addrs, cfg.seed);
+    let index = impls::fprobe_index(&data);
+    let hot = addrs::hot_set(&set.addrs, cfg.seed);
+    let top = *set.addrs.last().expect("non-empty set");
+    let mut rows = Vec::new();
+    let mut body = Vec::new();
+    for (variant, workload, writer) in [
+        ("disjoint", Workload::Uniform, Writer::Disjoint),
+        (
+            "disjoint, 10k ops/s",
+            Workload::Uniform,
+            Writer::DisjointPaced,
+        ),
+        ("hot-set", Workload::Hot, Writer::HotSet),
+    ] {
+        let streams = addrs::streams(&set.addrs, workload, readers, BATCH, cfg.seed);
+        let (mut idle, mut churn, mut writes, mut gps) = (
+            Samples::default(),
+            Samples::default(),
+            Vec::new(),
+            Vec::new(),
+        );
+        for round in 0..=cfg.rounds {
+            let s = phase(cfg, &index, &streams, Writer::Idle, &hot, top);
+            eprintln!(
+                "  churn {variant:<8} round {}  writer idle      reader {:>8.2} M/s",
+                round + 1,
+                s.0.median() / 1e6
+            );
+            idle.extend(s.0);
+            if round == cfg.rounds {
+                break; // idle phases bracket every churn phase
+            }
+            let (gp0, t0) = (rcu::stats().reclaim_grace_periods, Instant::now());
+            let s = phase(cfg, &index, &streams, writer, &hot, top);
+            let gp = (rcu::stats().reclaim_grace_periods - gp0) as f64 / t0.elapsed().as_secs_f64();
+            eprintln!(
+                "  churn {variant:<8} round {}  writer churning  reader {:>8.2} M/s, writer {:.3} M ops/s, {gp:.0} grace periods/s",
+                round + 1,
+                s.0.median() / 1e6,
+                s.1 / 1e6
+            );
+            gps.push(gp);
+            churn.extend(s.0);
+            writes.push(s.1);
+        }
+        let ratio = churn.median() / idle.median();
+        body.push(vec![
+            variant.to_string(),
+            format!("{:.2} ± {:.2}", idle.mean() / 1e6, idle.stddev() / 1e6),
+            format!("{:.2} ± {:.2}", churn.mean() / 1e6, churn.stddev() / 1e6),
+            format!("{:.3}", harness::median(&writes) / 1e6),
+            format!("{:.0}", harness::median(&gps)),
+            format!(
+                "{ratio:.3}× {}",
+                if ratio >= 0.9 { "met" } else { "**missed**" }
+            ),
+        ]);
+        for (imp, s) in [
+            ("fprobe, writer idle", &idle),
+            ("fprobe, writer churning", &churn),
+        ] {
+            rows.push(Row {
+                bench: "churn",
+                workload: variant.into(),
+                addrs: n,
+                imp: imp.into(),
+                threads: readers,
+                unit: "M/s",
+                mean: s.mean() / 1e6,
+                stddev: s.stddev() / 1e6,
+                median: s.median() / 1e6,
+                samples: s.rates.len(),
+            });
+        }
+    }
+    report::print_table(
+        &format!("churn: reader M/s with a writer idle vs churning ({n} addresses)"),
+        &[
+            "variant",
+            "reader M/s, writer idle",
+            "reader M/s, writer churning",
+            "writer M ops/s (insert or remove)",
+            "reclaimer grace periods/s",
+            "churn ÷ idle (medians, target ≥ 0.9×)",
+        ],
+        &body,
+    );
+    rows
+}
+
+/// One phase: the reader(s) measured by the sampler while `writer` runs on
+/// its own thread; returns the reader samples and the writer's ops/s.
+fn phase(
+    cfg: &Config,
+    index: &AddrIndex<u64>,
+    streams: &[Vec<u64>],
+    writer: Writer,
+    hot: &[u64],
+    top: u64,
+) -> (Samples, f64) {
+    let stop_writer = AtomicBool::new(false);
+    let ops = AtomicU64::new(0);
+    let t0 = Instant::now();
+    let samples = std::thread::scope(|s| {
+        if writer != Writer::Idle {
+            let (stop_writer, ops) = (&stop_writer, &ops);
+            let cpu = cfg.cpus.get(streams.len() % cfg.cpus.len().max(1)).copied();
+            s.spawn(move || {
+                if let Some(cpu) = cpu {
+                    harness::pin_to(cpu);
+                }
+                let n = match writer {
+                    Writer::Disjoint => churn_disjoint(index, top, stop_writer, f64::INFINITY),
+                    Writer::DisjointPaced => churn_disjoint(index, top, stop_writer, PACED_OPS),
+                    _ => churn_hot(index, hot, stop_writer),
+                };
+                // Relaxed: read after the scope joins this thread.
+                ops.store(n, Ordering::Relaxed);
+            });
+        }
+        let samples = harness::run_producers(
+            streams.len(),
+            0,
+            &cfg.cpus,
+            cfg.timing,
+            |i, counter, stop| {
+                let stream = &streams[i];
+                let mut pos = 0;
+                let mut acc = 0u64;
+                // Relaxed: polled once per batch.
+                while !stop.load(Ordering::Relaxed) {
+                    let batch = black_box(&stream[pos..pos + BATCH]);
+                    let guard = rcu::read_lock();
+                    for &a in batch {
+                        acc = acc.wrapping_add(index.get(a, &guard).iter().sum::<u64>());
+                    }
+                    drop(guard);
+                    counter.add(BATCH as u64);
+                    pos = (pos + BATCH) % stream.len();
+                }
+                black_box(acc);
+            },
+        );
+        // Relaxed: the writer polls it; the scope joins it.
+        stop_writer.store(true, Ordering::Relaxed);
+        samples
+    });
+    (
+        samples,
+        ops.into_inner() as f64 / t0.elapsed().as_secs_f64(),
+    )
+}
+
+/// Inserts fresh addresses above the read set and removes the oldest once
+/// 4,096 are in, at most `rate` operations per second; returns the number
+/// of operations.
+fn churn_disjoint(index: &AddrIndex<u64>, top: u64, stop: &AtomicBool, rate: f64) -> u64 {
+    let t0 = Instant::now();
+    const WINDOW: usize = 4096;
+    let mut live: VecDeque<(u64, EntryId)> = VecDeque::with_capacity(WINDOW + 1);
+    let (mut next, mut ops) = ((top & !15) + 0x1000, 0u64);
+    // Relaxed: a stop request, polled.
+    while !stop.load(Ordering::Relaxed) {
+        let id = index.insert(next, next).expect("no limit");
+        live.push_back((next, id));
+        next += 16;
+        ops += 1;
+        if live.len() > WINDOW {
+            let (a, id) = live.pop_front().expect("non-empty");
+            index.remove(a, id).expect("inserted above");
+            ops += 1;
+        }
+        while ops as f64 > rate * t0.elapsed().as_secs_f64() {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
+    for (a, id) in live {
+        index.remove(a, id).expect("inserted above");
+    }
+    ops
+}
+
+/// Adds a value to each hot address in turn and removes it again.
+fn churn_hot(index: &AddrIndex<u64>, hot: &[u64], stop: &AtomicBool) -> u64 {
+    let mut ops = 0u64;
+    let mut k = 0;
+    // Relaxed: a stop request, polled.
+    while !stop.load(Ordering::Relaxed) {
+        let a = hot[k];
+        let id = index.insert(a, 7).expect("no limit");
+        index.remove(a, id).expect("inserted above");
+        ops += 2;
+        k = (k + 1) % hot.len();
+    }
+    ops
+}

@@ -1,0 +1,156 @@
+//! `--bench registration`: nanoseconds per address to register N addresses
+//! (one value each) into a fresh map, one by one and in bulk; median of 5,
+//! the implementations interleaved within each repetition.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use fprobe::AddrIndex;
+use hashbrown::DefaultHashBuilder;
+
+use crate::Config;
+use crate::addrs;
+use crate::harness::median;
+use crate::report::{self, Row};
+
+const REPS: usize = 5;
+
+type Variant = (&'static str, fn(&[u64]) -> Duration);
+
+const VARIANTS: &[Variant] = &[
+    ("fprobe insert, one by one (from empty)", |a| {
+        let m = AddrIndex::new();
+        let t = Instant::now();
+        for &x in a {
+            m.insert(x, x).expect("no limit");
+        }
+        finish(t, m)
+    }),
+    ("fprobe insert, one by one (presized)", |a| {
+        let m = AddrIndex::with_capacity(a.len());
+        let t = Instant::now();
+        for &x in a {
+            m.insert(x, x).expect("no limit");
+        }
+        finish(t, m)
+    }),
+    ("fprobe insert_many, bulk (from empty)", |a| {
+        let m = AddrIndex::new();
+        let t = Instant::now();
+        m.insert_many(a.iter().map(|&x| (x, x))).expect("no limit");
+        finish(t, m)
+    }),
+    ("hashbrown insert (unsynchronised)", |a| {
+        let mut m = hashbrown::HashMap::new();
+        let t = Instant::now();
+        for &x in a {
+            m.insert(x, vec![x]);
+        }
+        finish(t, m)
+    }),
+    ("dashmap insert", |a| {
+        let m = dashmap::DashMap::with_hasher(DefaultHashBuilder::default());
+        let t = Instant::now();
+        for &x in a {
+            m.insert(x, vec![x]);
+        }
+        finish(t, m)
+    }),
+    ("papaya insert (one pin for all)", |a| {
+        let m = papaya::HashMap::with_hasher(DefaultHashBuilder::default());
+        let t = Instant::now();
+        {
+            let p = m.pin();
+            for &x in a {
+                p.insert(x, vec![x]);
+            }
+        }
+        finish(t, m)
+    }),
+    ("scc HashIndex insert", |a| {
+        let m = scc::HashIndex::with_hasher(DefaultHashBuilder::default());
+        let t = Instant::now();
+        for &x in a {
+            let _ = m.insert(x, vec![x]);
+        }
+        finish(t, m)
+    }),
+];
+
+/// Elapsed time; the map is dropped after the clock stops.
+fn finish<M>(t: Instant, m: M) -> Duration {
+    let d = t.elapsed();
+    black_box(&m);
+    drop(m);
+    d
+}
+
+pub fn run(cfg: &Config) -> Vec<Row> {
+    let set = addrs::load(cfg.source, cfg.addrs, cfg.seed);
+    let a = &set.addrs;
+    let n = a.len();
+    println!("## registration\n");
+    println!(
+        "addresses: {n} from {}, one value each, in address order; median of {REPS} (interleaved)\n",
+        set.origin
+    );
+    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
+    for rep in 0..REPS {
+        for (k, (name, f)) in VARIANTS.iter().enumerate() {
+            let d = f(a);
+            let per = d.as_nanos() as f64 / n as f64;
+            eprintln!(
+                "  registration rep {}/{REPS}  {name:<40} {per:>8.1} ns/addr",
+                rep + 1
+            );
+            ns[k].push(per);
+        }
+    }
+    let mut rows = Vec::new();
+    let mut body = Vec::new();
+    for ((name, _), v) in VARIANTS.iter().zip(&ns) {
+        let m = median(v);
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        let sd = (v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>()
+            / (v.len() - 1).max(1) as f64)
+            .sqrt();
+        let total_ms = m * n as f64 / 1e6;
+        let target = match *name {
+            n if n.starts_with("fprobe insert,") => {
+                format!("≤ 100: {}", if m <= 100.0 { "met" } else { "**missed**" })
+            }
+            _ => "–".into(),
+        };
+        body.push(vec![
+            name.to_string(),
+            format!("{m:.1}"),
+            format!("{mean:.1} ± {sd:.1}"),
+            format!("{total_ms:.2}"),
+            target,
+        ]);
+        rows.push(Row {
+            bench: "registration",
+            workload: "register".into(),
+            addrs: n,
+            imp: name.to_string(),
+            threads: 1,
+            unit: "ns/addr",
+            mean,
+            stddev: sd,
+            median: m,
+            samples: v.len(),
+        });
+    }
+    report::print_table(
+        &format!("registration of {n} addresses (one thread)"),
+        &[
+            "implementation",
+            "ns/addr median",
+            "ns/addr mean ± sd",
+            "ms total (median)",
+            "target",
+        ],
+        &body,
+    );
+    rows
+}

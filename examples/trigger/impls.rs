@@ -1,0 +1,330 @@
+//! The lookup implementations compared, all built from the same
+//! `(address, handlers)` data and all doing the same work per lookup: find
+//! the address, sum its handlers.
+//!
+//! Peers get hashbrown's default hasher (foldhash) rather than their own
+//! SipHash default: the faster hasher makes them stronger, not weaker.
+
+use std::sync::Arc;
+
+use fprobe::{AddrIndex, rcu};
+use hashbrown::DefaultHashBuilder;
+
+/// Lookups per batch (per counter update), as `bench_trigger`.
+pub const BATCH: usize = 100;
+
+/// One implementation under test.
+pub trait LookupImpl: Send + Sync {
+    /// Looks up every address of `addrs` and returns the sum of all their
+    /// handlers.
+    fn batch(&self, addrs: &[u64]) -> u64;
+}
+
+pub struct Impl {
+    pub name: &'static str,
+    pub map: Box<dyn LookupImpl>,
+}
+
+/// Every implementation name, in report order.
+pub const NAMES: &[(&str, &str)] = &[
+    (
+        "fprobe",
+        "fprobe::AddrIndex::get, one rcu::read_lock per batch of 100",
+    ),
+    (
+        "fprobe-lock-per-lookup",
+        "fprobe::AddrIndex::lookup, one rcu::read_lock per lookup",
+    ),
+    (
+        "hashbrown-ceiling",
+        "unsynchronised read-only hashbrown::HashMap<u64, Vec<u64>>",
+    ),
+    (
+        "fixed256",
+        "old fprobe table: 256 buckets of immutable chains, one node per handler, full chain walk",
+    ),
+    (
+        "fixed256-array",
+        "fixed256 with each chain a contiguous array of (address, handler): a stronger variant than the kernel had",
+    ),
+    (
+        "rwlock-hashbrown",
+        "parking_lot::RwLock<hashbrown::HashMap>, read lock per lookup",
+    ),
+    ("dashmap", "dashmap::DashMap 6, get per lookup"),
+    ("papaya", "papaya::HashMap 0.2, pin per lookup"),
+    ("scc", "scc::HashIndex 2, peek_with per lookup"),
+    (
+        "arc-swap",
+        "arc_swap::ArcSwap<hashbrown::HashMap>, load per lookup",
+    ),
+];
+
+pub fn known(name: &str) -> bool {
+    NAMES.iter().any(|(n, _)| *n == name)
+}
+
+/// Builds the implementations whose names pass `keep`, in [`NAMES`] order.
+pub fn build(data: &[(u64, Vec<u64>)], keep: &dyn Fn(&str) -> bool) -> Vec<Impl> {
+    let hb = || -> hashbrown::HashMap<u64, Vec<u64>> { data.iter().cloned().collect() };
+    let mut out = Vec::new();
+    for &(name, _) in NAMES {
+        if !keep(name) {
+            continue;
+        }
+        let map: Box<dyn LookupImpl> = match name {
+            "fprobe" => Box::new(FprobeBatch(fprobe_index(data))),
+            "fprobe-lock-per-lookup" => Box::new(FprobePerLookup(fprobe_index(data))),
+            "hashbrown-ceiling" => Box::new(Ceiling(hb())),
+            "fixed256" => Box::new(Fixed256::new(data)),
+            "fixed256-array" => Box::new(Fixed256Array::new(data)),
+            "rwlock-hashbrown" => Box::new(RwLocked(parking_lot::RwLock::new(hb()))),
+            "dashmap" => {
+                let m = dashmap::DashMap::with_hasher(DefaultHashBuilder::default());
+                for (a, v) in data {
+                    m.insert(*a, v.clone());
+                }
+                Box::new(Dash(m))
+            }
+            "papaya" => {
+                let m = papaya::HashMap::with_hasher(DefaultHashBuilder::default());
+                {
+                    let pinned = m.pin();
+                    for (a, v) in data {
+                        pinned.insert(*a, v.clone());
+                    }
+                }
+                Box::new(Papaya(m))
+            }
+            "scc" => {
+                let m = scc::HashIndex::with_hasher(DefaultHashBuilder::default());
+                for (a, v) in data {
+                    let _ = m.insert(*a, v.clone());
+                }
+                Box::new(Scc(m))
+            }
+            "arc-swap" => Box::new(Swap(arc_swap::ArcSwap::new(Arc::new(hb())))),
+            _ => unreachable!("NAMES and build disagree on {name}"),
+        };
+        out.push(Impl { name, map });
+    }
+    out
+}
+
+pub fn fprobe_index(data: &[(u64, Vec<u64>)]) -> AddrIndex<u64> {
+    let index = AddrIndex::new();
+    index
+        .insert_many(
+            data.iter()
+                .flat_map(|(a, vs)| vs.iter().map(move |v| (*a, *v))),
+        )
+        .expect("no address limit configured");
+    index
+}
+
+struct FprobeBatch(AddrIndex<u64>);
+
+impl LookupImpl for FprobeBatch {
+    #[inline(never)]
+    fn batch(&self, addrs: &[u64]) -> u64 {
+        let guard = rcu::read_lock();
+        addrs
+            .iter()
+            .map(|&a| self.0.get(a, &guard).iter().sum::<u64>())
+            .sum()
+    }
+}
+
+struct FprobePerLookup(AddrIndex<u64>);
+
+impl LookupImpl for FprobePerLookup {
+    #[inline(never)]
+    fn batch(&self, addrs: &[u64]) -> u64 {
+        addrs
+            .iter()
+            .map(|&a| self.0.lookup(a, |v| v.iter().sum::<u64>()).unwrap_or(0))
+            .sum()
+    }
+}
+
+struct Ceiling(hashbrown::HashMap<u64, Vec<u64>>);
+
+impl LookupImpl for Ceiling {
+    #[inline(never)]
+    fn batch(&self, addrs: &[u64]) -> u64 {
+        addrs
+            .iter()
+            .map(|a| self.0.get(a).map_or(0, |v| v.iter().sum::<u64>()))
+            .sum()
+    }
+}
+
+struct RwLocked(parking_lot::RwLock<hashbrown::HashMap<u64, Vec<u64>>>);
+
+impl LookupImpl for RwLocked {
+    #[inline(never)]
+    fn batch(&self, addrs: &[u64]) -> u64 {
+        addrs
+            .iter()
+            .map(|a| self.0.read().get(a).map_or(0, |v| v.iter().sum::<u64>()))
+            .sum()
+    }
+}
+
+struct Dash(dashmap::DashMap<u64, Vec<u64>, DefaultHashBuilder>);
+
+impl LookupImpl for Dash {
+    #[inline(never)]
+    fn batch(&self, addrs: &[u64]) -> u64 {
+        addrs
+            .iter()
+            .map(|a| self.0.get(a).map_or(0, |v| v.iter().sum::<u64>()))
+            .sum()
+    }
+}
+
+struct Papaya(papaya::HashMap<u64, Vec<u64>, DefaultHashBuilder>);
+
+impl LookupImpl for Papaya {
+    #[inline(never)]
+    fn batch(&self, addrs: &[u64]) -> u64 {
+        addrs
+            .iter()
+            .map(|a| self.0.pin().get(a).map_or(0, |v| v.iter().sum::<u64>()))
+            .sum()
+    }
+}
+
+struct Scc(scc::HashIndex<u64, Vec<u64>, DefaultHashBuilder>);
+
+impl LookupImpl for Scc {
+    #[inline(never)]
+    fn batch(&self, addrs: &[u64]) -> u64 {
+        addrs
+            .iter()
+            .map(|a| {
+                self.0
+                    .peek_with(a, |_, v| v.iter().sum::<u64>())
+                    .unwrap_or(0)
+            })
+            .sum()
+    }
+}
+
+struct Swap(arc_swap::ArcSwap<hashbrown::HashMap<u64, Vec<u64>>>);
+
+impl LookupImpl for Swap {
+    #[inline(never)]
+    fn batch(&self, addrs: &[u64]) -> u64 {
+        addrs
+            .iter()
+            .map(|a| self.0.load().get(a).map_or(0, |v| v.iter().sum::<u64>()))
+            .sum()
+    }
+}
+
+/// The table fprobe used before rhltable (`fprobe_ip_table`): 256 buckets
+/// (`FPROBE_IP_HASH_BITS` = 8) of singly linked chains, one node per
+/// (address, handler), new nodes at the head, `hash_ptr(ip, 8)`. The entry
+/// path walks the whole chain because one address's nodes may be anywhere
+/// in it. Chains are immutable once built, so readers take only an RCU
+/// read lock, as the kernel does.
+struct Fixed256 {
+    heads: Vec<Option<Box<Node>>>,
+}
+
+struct Node {
+    addr: u64,
+    handler: u64,
+    next: Option<Box<Node>>,
+}
+
+impl Fixed256 {
+    const BITS: u32 = 8;
+
+    fn bucket(addr: u64) -> usize {
+        // The kernel's hash_64(): multiply by GOLDEN_RATIO_64, keep the top bits.
+        (addr.wrapping_mul(0x61C8_8646_80B5_83EB) >> (64 - Self::BITS)) as usize
+    }
+
+    fn new(data: &[(u64, Vec<u64>)]) -> Self {
+        let mut heads: Vec<Option<Box<Node>>> = (0..1 << Self::BITS).map(|_| None).collect();
+        for (addr, handlers) in data {
+            for &handler in handlers {
+                let head = &mut heads[Self::bucket(*addr)];
+                *head = Some(Box::new(Node {
+                    addr: *addr,
+                    handler,
+                    next: head.take(),
+                }));
+            }
+        }
+        Self { heads }
+    }
+}
+
+impl Drop for Fixed256 {
+    fn drop(&mut self) {
+        // Iteratively: chains of thousands would recurse that deep.
+        for head in &mut self.heads {
+            let mut cur = head.take();
+            while let Some(mut n) = cur {
+                cur = n.next.take();
+            }
+        }
+    }
+}
+
+impl LookupImpl for Fixed256 {
+    #[inline(never)]
+    fn batch(&self, addrs: &[u64]) -> u64 {
+        let _guard = rcu::read_lock();
+        let mut sum = 0;
+        for &a in addrs {
+            let mut cur = self.heads[Self::bucket(a)].as_deref();
+            while let Some(n) = cur {
+                if n.addr == a {
+                    sum += n.handler;
+                }
+                cur = n.next.as_deref();
+            }
+        }
+        sum
+    }
+}
+
+/// [`Fixed256`] with each bucket's nodes stored contiguously, so the walk
+/// streams through memory instead of chasing pointers. Not what the kernel
+/// had; here so the fixed-table comparison is not won on layout alone.
+struct Fixed256Array {
+    buckets: Vec<Vec<(u64, u64)>>,
+}
+
+impl Fixed256Array {
+    fn new(data: &[(u64, Vec<u64>)]) -> Self {
+        let mut buckets: Vec<Vec<(u64, u64)>> =
+            (0..1 << Fixed256::BITS).map(|_| Vec::new()).collect();
+        for (addr, handlers) in data {
+            for &handler in handlers {
+                buckets[Fixed256::bucket(*addr)].push((*addr, handler));
+            }
+        }
+        Self { buckets }
+    }
+}
+
+impl LookupImpl for Fixed256Array {
+    #[inline(never)]
+    fn batch(&self, addrs: &[u64]) -> u64 {
+        let _guard = rcu::read_lock();
+        let mut sum = 0;
+        for &a in addrs {
+            for &(addr, handler) in &self.buckets[Fixed256::bucket(a)] {
+                if addr == a {
+                    sum += handler;
+                }
+            }
+        }
+        sum
+    }
+}

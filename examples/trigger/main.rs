@@ -1,0 +1,269 @@
+//! `bench_trigger` for fprobe's userspace data structures: a multi-thread
+//! throughput harness after the kernel's
+//! `tools/testing/selftests/bpf/bench_trigger.c` (REFERENCE.md §2).
+//!
+//! ```text
+//! cargo run --release --example trigger                      # lookup, both workloads, 1..=nproc threads
+//! cargo run --release --example trigger -- --bench registration
+//! cargo run --release --example trigger -- --bench churn
+//! cargo run --release --example trigger -- --help
+//! ```
+//!
+//! Benchmarks live in a registry ([`BENCHES`]): add a module with a
+//! `run(&Config) -> Vec<Row>` and one line there.
+
+#![allow(missing_docs)] // an example binary, documented in --help
+
+mod addrs;
+mod bench_churn;
+mod bench_lookup;
+mod bench_registration;
+mod harness;
+mod impls;
+mod report;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use addrs::{Source, Workload};
+use harness::Timing;
+use report::Row;
+
+/// One registered benchmark.
+pub struct BenchDef {
+    pub name: &'static str,
+    pub about: &'static str,
+    pub run: fn(&Config) -> Vec<Row>,
+}
+
+/// Every benchmark this binary knows, in the order `--bench all` runs them.
+pub const BENCHES: &[BenchDef] = &[
+    BenchDef {
+        name: "lookup",
+        about: "find an address and sum its handlers; all implementations, same data, same run",
+        run: bench_lookup::run,
+    },
+    BenchDef {
+        name: "registration",
+        about: "ns per address to register N addresses one by one and in bulk",
+        run: bench_registration::run,
+    },
+    BenchDef {
+        name: "churn",
+        about: "fprobe reader throughput while a writer inserts/removes, as a ratio to an idle writer",
+        run: bench_churn::run,
+    },
+];
+
+/// Everything the command line sets.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub benches: Vec<&'static BenchDef>,
+    pub threads: Vec<usize>,
+    pub timing: Timing,
+    /// Each cell is run this many times, interleaved with the other
+    /// implementations, and the samples pooled.
+    pub rounds: usize,
+    pub addrs: usize,
+    pub source: Source,
+    pub workloads: Vec<Workload>,
+    pub impls: Option<Vec<String>>,
+    pub csv: Option<String>,
+    pub svg: Option<String>,
+    pub seed: u64,
+    /// CPUs producers are pinned to, round-robin.
+    pub cpus: Vec<usize>,
+}
+
+impl std::fmt::Debug for BenchDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl Config {
+    pub fn keep_impl(&self, name: &str) -> bool {
+        self.impls
+            .as_ref()
+            .is_none_or(|v| v.iter().any(|n| n == name))
+    }
+}
+
+fn usage() -> String {
+    let mut s = String::from(
+        "usage: trigger [options]\n\n\
+         --bench NAME[,NAME]    benchmark(s) to run (default lookup; 'all' for every one)\n\
+         --threads LIST         producer counts, e.g. 1,2,4,8,16 (default 1..=available_parallelism)\n\
+         --sample-ms MS         sampler period (default 1000; see below)\n\
+         --duration-ms MS       measured time per cell and round, after warm-up (default 5000)\n\
+         --warmup N             warm-up samples discarded per cell (default 1)\n\
+         --rounds N             interleaved repetitions of every cell, samples pooled (default 1)\n\
+         --addrs N              addresses (default 50000)\n\
+         --addrs-source SRC     elf | self | synthetic (default elf: function symbols of the largest\n\
+         \x20                      of libLLVM*, librustc_driver-*, libstdc++ found; else this binary)\n\
+         --workload LIST        uniform,hot (default both; hot = 90% of lookups on 64 addresses)\n\
+         --impls LIST           only these implementations (lookup bench)\n\
+         --csv PATH             one row per cell\n\
+         --svg PATH             throughput vs threads per implementation (lookup bench)\n\
+         --seed N               address sample, handler and stream seed (default 1)\n\n\
+         With neither --sample-ms nor --duration-ms the run is the quick default that fits in\n\
+         two minutes on two cores: 200 ms samples, 1 warm-up + 3 kept per cell, 2 rounds.\n\n\
+         benchmarks:\n",
+    );
+    for b in BENCHES {
+        s += &format!("  {:<14}{}\n", b.name, b.about);
+    }
+    s += "\nlookup implementations:\n";
+    for (n, about) in impls::NAMES {
+        s += &format!("  {n:<24}{about}\n");
+    }
+    s
+}
+
+fn parse_list<T: std::str::FromStr>(flag: &str, v: &str) -> Result<Vec<T>, String> {
+    v.split(',')
+        .map(|x| {
+            x.trim()
+                .parse()
+                .map_err(|_| format!("{flag}: cannot parse {x:?}"))
+        })
+        .collect()
+}
+
+fn parse_args(args: Vec<String>) -> Result<Config, String> {
+    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut benches = vec![&BENCHES[0]];
+    let mut threads: Vec<usize> = (1..=ncpu).collect();
+    let (mut sample_ms, mut duration_ms, mut warmup, mut rounds) = (None, None, 1usize, None);
+    let (mut addrs, mut source, mut workloads) = (
+        50_000usize,
+        Source::Elf,
+        vec![Workload::Uniform, Workload::Hot],
+    );
+    let (mut impls_filter, mut csv, mut svg, mut seed) = (None, None, None, 1u64);
+    let mut it = args.into_iter();
+    while let Some(flag) = it.next() {
+        if flag == "-h" || flag == "--help" {
+            return Err(usage());
+        }
+        let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        let num = |v: String| {
+            v.parse::<u64>()
+                .map_err(|_| format!("{flag}: not a number: {v:?}"))
+        };
+        match flag.as_str() {
+            "--bench" => {
+                let v = val()?;
+                benches = if v == "all" {
+                    BENCHES.iter().collect()
+                } else {
+                    v.split(',')
+                        .map(|n| {
+                            BENCHES
+                                .iter()
+                                .find(|b| b.name == n)
+                                .ok_or(format!("unknown benchmark {n:?}"))
+                        })
+                        .collect::<Result<_, _>>()?
+                };
+            }
+            "--threads" => threads = parse_list("--threads", &val()?)?,
+            "--sample-ms" => sample_ms = Some(num(val()?)?),
+            "--duration-ms" => duration_ms = Some(num(val()?)?),
+            "--warmup" => warmup = num(val()?)? as usize,
+            "--rounds" => rounds = Some(num(val()?)?.max(1) as usize),
+            "--addrs" => addrs = num(val()?)?.max(1) as usize,
+            "--addrs-source" => source = Source::parse(&val()?)?,
+            "--workload" => workloads = Workload::parse(&val()?)?,
+            "--impls" => {
+                let v: Vec<String> = parse_list("--impls", &val()?)?;
+                if let Some(bad) = v.iter().find(|n| !impls::known(n)) {
+                    return Err(format!("unknown implementation {bad:?}\n\n{}", usage()));
+                }
+                impls_filter = Some(v);
+            }
+            "--csv" => csv = Some(val()?),
+            "--svg" => svg = Some(val()?),
+            "--seed" => seed = num(val()?)?,
+            _ => return Err(format!("unknown argument {flag:?}\n\n{}", usage())),
+        }
+    }
+    if threads.is_empty() || threads.contains(&0) {
+        return Err("--threads: counts must be ≥ 1".into());
+    }
+    let quick = sample_ms.is_none() && duration_ms.is_none();
+    let timing = if quick {
+        Timing {
+            sample: Duration::from_millis(200),
+            warmup_samples: warmup,
+            samples: 3,
+        }
+    } else {
+        let s = sample_ms.unwrap_or(1000).max(1);
+        let d = duration_ms.unwrap_or(5000);
+        Timing {
+            sample: Duration::from_millis(s),
+            warmup_samples: warmup,
+            samples: (d / s).max(1) as usize,
+        }
+    };
+    let rounds = rounds.unwrap_or(if quick { 2 } else { 1 });
+    Ok(Config {
+        benches,
+        threads,
+        timing,
+        rounds,
+        addrs,
+        source,
+        workloads,
+        impls: impls_filter,
+        csv,
+        svg,
+        seed,
+        cpus: harness::allowed_cpus(),
+    })
+}
+
+fn main() -> ExitCode {
+    let cfg = match parse_args(std::env::args().skip(1).collect()) {
+        Ok(c) => c,
+        Err(msg) => {
+            eprintln!("{msg}");
+            return if msg.starts_with("usage") {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            };
+        }
+    };
+    let t0 = Instant::now();
+    println!("# fprobe trigger benchmark");
+    println!();
+    println!("{}", report::machine_line(&cfg));
+    println!("{}", report::timing_line(&cfg));
+    println!();
+    let mut rows = Vec::new();
+    for b in &cfg.benches {
+        eprintln!("== {} ==", b.name);
+        rows.extend((b.run)(&cfg));
+    }
+    if let Some(path) = &cfg.csv {
+        match report::write_csv(path, &rows) {
+            Ok(()) => eprintln!("wrote {path}"),
+            Err(e) => eprintln!("cannot write {path}: {e}"),
+        }
+    }
+    if let Some(path) = &cfg.svg {
+        match report::write_svg(path, &rows) {
+            Ok(()) => eprintln!("wrote {path}"),
+            Err(e) => eprintln!("cannot write {path}: {e}"),
+        }
+    }
+    println!(
+        "finished in {:.1} s; {} at the end",
+        t0.elapsed().as_secs_f64(),
+        report::loadavg()
+    );
+    eprintln!("done in {:.1} s", t0.elapsed().as_secs_f64());
+    ExitCode::SUCCESS
+}

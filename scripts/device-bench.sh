@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs the prebuilt trigger benchmark on a machine without a Rust toolchain.
+#
+#   scripts/device-bench.sh [DIR]     # DIR holds the `trigger` binary (default device/)
+#
+# Prepare DIR on a machine with the toolchain (device/ is git-ignored):
+#   cargo build --release --example trigger
+#   mkdir -p device && cp "${CARGO_TARGET_DIR:-target}/release/examples/trigger" device/
+#
+# Lookup at 1,2,4,8,16 producers, uniform and hot, 50k and 1M addresses,
+# every implementation, 300 ms samples (1 warm-up + 4 kept per cell).
+# Budget: 10 implementations x 5 thread counts x 2 workloads x 1.5 s = 150 s
+# of sampling per size, 300 s for both, plus setup (building 10 maps of 1M
+# addresses, streams): about 6 minutes; each run is capped at 230 s.
+# DEVICE_BENCH_SMOKE=1 shrinks the samples to 20 ms (a check of the script).
+set -u
+dir=${1:-device}
+bin=$dir/trigger
+if [[ ! -x $bin ]]; then
+    echo "no executable $bin: build it with 'cargo build --release --example trigger' and copy it there" >&2
+    exit 1
+fi
+out=$dir/results-$(date +%Y%m%dT%H%M%S)
+mkdir -p "$out"
+echo "== machine"; nproc; lscpu | grep -E 'Model name|^CPU\(s\)|NUMA node\(s\)|Thread\(s\) per core'; date; uptime
+ms=300
+[[ ${DEVICE_BENCH_SMOKE:-0} = 1 ]] && ms=20
+common=(--bench lookup --threads 1,2,4,8,16 --workload uniform,hot --sample-ms $ms --duration-ms $((ms * 4)) --rounds 1)
+rc=0
+for n in 50000 1000000; do
+    src=elf
+    [[ $n -gt 100000 ]] && src=synthetic   # few ELFs have 1M function symbols
+    echo "== lookup, $n addresses ($src)"
+    timeout 230 "$bin" "${common[@]}" --addrs "$n" --addrs-source "$src" \
+        --csv "$out/lookup-$n.csv" --svg "$out/lookup-$n.svg" || rc=$?
+done
+echo "== results in $out"; ls -l "$out"
+exit $rc
