@@ -16,12 +16,17 @@ if ! cargo +nightly miri setup >/tmp/miri-setup.log 2>&1; then
   echo "miri: SKIPPED (miri setup failed: $(tail -1 /tmp/miri-setup.log))"
   exit 0
 fi
-export MIRIFLAGS="${MIRIFLAGS:--Zmiri-strict-provenance -Zmiri-disable-isolation -Zmiri-many-seeds=0..2}"
+base="-Zmiri-strict-provenance -Zmiri-disable-isolation"
 export FPROBE_STRESS_MS=20 PROPTEST_CASES=4
 status=0
-for t in "--lib" "--test rcu" "--test index" ${MIRI_EXTRA_TESTS:-}; do
-  echo "== miri: cargo miri test $t"
-  # shellcheck disable=SC2086
-  if ! timeout 1500 cargo +nightly miri test $t; then status=1; fi
+# The RCU under several schedules (seeds); the rest under one.
+run() { # run MIRIFLAGS TEST-ARGS...
+  local flags=$1; shift
+  echo "== miri ($flags): cargo miri test $*"
+  MIRIFLAGS="$flags" timeout 1500 cargo +nightly miri test "$@" || status=1
+}
+run "$base -Zmiri-many-seeds=0..3" --test rcu
+for t in index hit_cache probe objpool retinst fuzz_replay; do
+  [ -f "tests/$t.rs" ] && run "$base" --test "$t"
 done
 exit $status
