@@ -111,6 +111,13 @@ struct StripeState {
     next_seq: u64,
 }
 
+/// Result of one group insert.
+struct Group {
+    first: u64,
+    claimed: bool,
+    long_probe: bool,
+}
+
 struct ResizeState {
     /// Next slot of `root` to migrate, while `root.future` is set.
     cursor: usize,
@@ -359,7 +366,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         loop {
             match self.try_insert_group(key, &mut || value.take().unwrap(), 1) {
                 Ok(Some((id, claimed))) => {
-                    self.after_write(claimed);
+                    self.after_write(usize::from(claimed));
                     return Ok(id);
                 }
                 Ok(None) => self.grow_blocking(1, false),
@@ -379,13 +386,41 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         next: &mut dyn FnMut() -> V,
         n: usize,
     ) -> Result<Option<(u64, bool)>, Error> {
-        let _guard = rcu::read_lock();
+        let guard = rcu::read_lock();
         let (si, stripe) = self.stripe(key);
         let mut st = lock(&stripe.lock);
+        let r = self.insert_group_locked(si, stripe, &mut st, key, next, n);
+        drop(st);
+        drop(guard);
+        self.after_insert_group(&r);
+        r.map(|o| o.map(|g| (g.first, g.claimed)))
+    }
+
+    /// What a group insert did, for the work done after unlocking.
+    fn after_insert_group(&self, r: &Result<Option<Group>, Error>) {
+        if let Ok(Some(g)) = r {
+            if g.long_probe {
+                self.request_rehash();
+            }
+        }
+    }
+
+    /// The body of a group insert. Caller holds a read guard and stripe
+    /// `si`'s lock (`st`). Publishes, bumps the hit-cache generation and
+    /// retires the replaced record; resizes are left to the caller.
+    fn insert_group_locked(
+        &self,
+        si: usize,
+        stripe: &Stripe,
+        st: &mut StripeState,
+        key: u64,
+        next: &mut dyn FnMut() -> V,
+        n: usize,
+    ) -> Result<Option<Group>, Error> {
         let first = st.next_seq << STRIPE_ID_BITS | si as u64;
         let ids = move |i: usize| first + ((i as u64) << STRIPE_ID_BITS);
         if let Some((slot, old)) = self.locate(key) {
-            // SAFETY: `old` is live under our guard.
+            // SAFETY: `old` is live under the caller's guard.
             let (old_ids, old_vals) = unsafe { (old.ids(), old.values()) };
             let new = RecordPtr::<V>::build(
                 old.len() + n,
@@ -404,10 +439,13 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 stripe.record_bytes.load(Ordering::Relaxed) + new.bytes() - old.bytes(),
                 Ordering::Relaxed,
             );
-            drop(st);
             self.bump();
             Self::retire_record(old);
-            return Ok(Some((first, false)));
+            return Ok(Some(Group {
+                first,
+                claimed: false,
+                long_probe: false,
+            }));
         }
         let table = self.newest();
         if !table.has_room(1, FORCE_AT) {
@@ -425,12 +463,12 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             stripe.record_bytes.load(Ordering::Relaxed) + new.bytes(),
             Ordering::Relaxed,
         );
-        drop(st);
         self.bump();
-        if dist > LONG_PROBE && table.claimed() * 2 < table.capacity() {
-            self.request_rehash();
-        }
-        Ok(Some((first, true)))
+        Ok(Some(Group {
+            first,
+            claimed: true,
+            long_probe: dist > LONG_PROBE && table.claimed() * 2 < table.capacity(),
+        }))
     }
 
     /// Unlinks the entry `id` of `key`; returns the record that held it, to
@@ -487,7 +525,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     pub(crate) fn remove(&self, key: u64, id: u64) -> Result<(), Error> {
         let old = self.unlink(key, &[id])?;
         Self::retire_record(old);
-        self.after_write(false);
+        self.after_write(0);
         Ok(())
     }
 
@@ -495,7 +533,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// its value.
     pub(crate) fn take(&self, key: u64, id: u64) -> Result<V, Error> {
         let old = self.unlink(key, &[id])?;
-        self.after_write(false);
+        self.after_write(0);
         rcu::synchronize();
         let mut out = Vec::with_capacity(1);
         // SAFETY: unlinked under the stripe lock, and a grace period has
@@ -527,7 +565,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         drop(guard);
         self.bump();
         Self::retire_record(old);
-        self.after_write(false);
+        self.after_write(0);
         n
     }
 
@@ -540,13 +578,15 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         }
         let keys: Vec<u64> = items.iter().map(|(k, _)| *k).collect();
         let mut vals: Vec<Option<V>> = items.into_iter().map(|(_, v)| Some(v)).collect();
-        // Stable: values of one key keep their input order.
-        let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by_key(|&i| (stripe_of(keys[i], self.stripe_mask), keys[i]));
-        let distinct = 1 + order
-            .windows(2)
-            .filter(|w| keys[w[0]] != keys[w[1]])
-            .count();
+        // (stripe, key, input position): grouped by stripe then key; the
+        // position keeps the values of one key in input order.
+        let mut order: Vec<(usize, u64, usize)> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| (stripe_of(k, self.stripe_mask), k, i))
+            .collect();
+        order.sort_unstable();
+        let distinct = 1 + order.windows(2).filter(|w| w[0].1 != w[1].1).count();
 
         // Up-front capacity check: fails before inserting anything unless
         // concurrent writers race us (then the rollback below runs).
@@ -556,8 +596,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 - order
                     .iter()
                     .enumerate()
-                    .filter(|&(j, &i)| j == 0 || keys[order[j - 1]] != keys[i])
-                    .filter(|&(_, &i)| !self.lookup_raw(keys[i]).is_null())
+                    .filter(|&(j, o)| j == 0 || order[j - 1].1 != o.1)
+                    .filter(|&(_, o)| !self.lookup_raw(o.1).is_null())
                     .count();
             drop(guard);
             if self.addrs.load(Ordering::Relaxed) + new_keys > max {
@@ -571,105 +611,145 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         self.presize(distinct);
 
         let mut ids = vec![0u64; n];
-        let mut inserted: Vec<(u64, usize)> = Vec::with_capacity(distinct); // (key, first index in `order`)
+        // (key, start of its group in `order`)
+        let mut inserted: Vec<(u64, usize)> = Vec::with_capacity(distinct);
         let mut j = 0;
         while j < n {
-            let key = keys[order[j]];
-            let mut end = j + 1;
-            while end < n && keys[order[end]] == key {
-                end += 1;
-            }
-            let group = &order[j..end];
-            let mut taken = 0;
-            let mut next = || {
-                let v = vals[group[taken]].take().expect("each value inserted once");
-                taken += 1;
-                v
-            };
-            match self.try_insert_group(key, &mut next, group.len()) {
-                Ok(Some((first, claimed))) => {
-                    for (i, &pos) in group.iter().enumerate() {
-                        ids[pos] = first + ((i as u64) << STRIPE_ID_BITS);
+            // One stripe run: one read guard, one lock acquisition.
+            let si = order[j].0;
+            let run_end = j + order[j..].iter().take_while(|o| o.0 == si).count();
+            let stripe = &*self.stripes[si];
+            let guard = rcu::read_lock();
+            let mut st = lock(&stripe.lock);
+            let (mut claims, mut long_probe) = (0, false);
+            let mut stopped: Option<Result<usize, Error>> = None;
+            while j < run_end {
+                let key = order[j].1;
+                let end = j + order[j..run_end].iter().take_while(|o| o.1 == key).count();
+                let group = &order[j..end];
+                let mut taken = 0;
+                let mut next = || {
+                    let v = vals[group[taken].2]
+                        .take()
+                        .expect("each value inserted once");
+                    taken += 1;
+                    v
+                };
+                match self.insert_group_locked(si, stripe, &mut st, key, &mut next, group.len()) {
+                    Ok(Some(g)) => {
+                        for (i, o) in group.iter().enumerate() {
+                            ids[o.2] = g.first + ((i as u64) << STRIPE_ID_BITS);
+                        }
+                        inserted.push((key, j));
+                        claims += usize::from(g.claimed);
+                        long_probe |= g.long_probe;
+                        j = end;
                     }
-                    inserted.push((key, j));
-                    j = end;
-                    if claimed || inserted.len() % 64 == 0 {
-                        self.after_write(claimed);
+                    Ok(None) => {
+                        stopped = Some(Ok(end - j));
+                        break;
+                    }
+                    Err(e) => {
+                        stopped = Some(Err(e));
+                        break;
                     }
                 }
-                Ok(None) => self.grow_blocking(end - j, false),
-                Err(e) => {
-                    // Roll back: unlink what we inserted, wait one grace
-                    // period, move the values back out.
-                    let mut unlinked = Vec::with_capacity(inserted.len());
-                    for &(key, start) in &inserted {
-                        let mut stop = start;
-                        while stop < n && keys[order[stop]] == key {
-                            stop += 1;
+            }
+            drop(st);
+            drop(guard);
+            if long_probe {
+                self.request_rehash();
+            }
+            if claims > 0 {
+                self.after_write(claims);
+            }
+            match stopped {
+                None => {}
+                // No room: grow, then retry from the group that stopped.
+                Some(Ok(extra)) => self.grow_blocking(extra.max(n - j), false),
+                Some(Err(e)) => return Err(self.roll_back(e, &keys, vals, &order, &ids, &inserted)),
+            }
+        }
+        self.after_write(0);
+        Ok(ids)
+    }
+
+    /// Undoes a failed bulk insert: unlinks what it inserted, waits one
+    /// grace period, and moves every value back out, in input order.
+    fn roll_back(
+        &self,
+        e: Error,
+        keys: &[u64],
+        mut vals: Vec<Option<V>>,
+        order: &[(usize, u64, usize)],
+        ids: &[u64],
+        inserted: &[(u64, usize)],
+    ) -> BulkError<V> {
+        let mut unlinked = Vec::with_capacity(inserted.len());
+        for &(key, start) in inserted {
+            let gids: Vec<u64> = order[start..]
+                .iter()
+                .take_while(|o| o.1 == key)
+                .map(|o| ids[o.2])
+                .collect();
+            match self.unlink(key, &gids) {
+                Ok(rec) => unlinked.push((rec, gids)),
+                // A concurrent writer removed one of our fresh ids (ids are
+                // not secret); what it removed it has dropped, the rest we
+                // still unlink.
+                Err(_) => {
+                    for id in gids {
+                        if let Ok(rec) = self.unlink(key, &[id]) {
+                            unlinked.push((rec, vec![id]));
                         }
-                        let gids: Vec<u64> = order[start..stop].iter().map(|&p| ids[p]).collect();
-                        match self.unlink(key, &gids) {
-                            Ok(rec) => unlinked.push((rec, gids)),
-                            // A concurrent writer removed one of our fresh
-                            // ids (ids are not secret); what it removed it
-                            // has dropped, the rest we still unlink.
-                            Err(_) => {
-                                for id in gids {
-                                    if let Ok(rec) = self.unlink(key, &[id]) {
-                                        unlinked.push((rec, vec![id]));
-                                    }
-                                }
-                            }
-                        }
                     }
-                    rcu::synchronize();
-                    let mut back = Vec::new();
-                    for (rec, gids) in unlinked {
-                        // SAFETY: unlinked above, grace period passed, ours.
-                        unsafe { rec.free_extracting(|id| gids.contains(&id), &mut back) };
-                    }
-                    let pos_of: std::collections::HashMap<u64, usize> = order
-                        .iter()
-                        .map(|&p| (ids[p], p))
-                        .filter(|&(id, _)| id != 0)
-                        .collect();
-                    for (id, v) in back {
-                        vals[pos_of[&id]] = Some(v);
-                    }
-                    let values = keys
-                        .into_iter()
-                        .zip(vals)
-                        .filter_map(|(k, v)| v.map(|v| (k, v)))
-                        .collect();
-                    return Err((e, values));
                 }
             }
         }
-        self.after_write(false);
-        Ok(ids)
+        rcu::synchronize();
+        let mut back = Vec::new();
+        for (rec, gids) in unlinked {
+            // SAFETY: unlinked above, a grace period has passed, and we are
+            // the record's only owner.
+            unsafe { rec.free_extracting(|id| gids.contains(&id), &mut back) };
+        }
+        let pos_of: std::collections::HashMap<u64, usize> = order
+            .iter()
+            .map(|o| (ids[o.2], o.2))
+            .filter(|&(id, _)| id != 0)
+            .collect();
+        for (id, v) in back {
+            vals[pos_of[&id]] = Some(v);
+        }
+        let values = keys
+            .iter()
+            .zip(vals)
+            .filter_map(|(&k, v)| v.map(|v| (k, v)))
+            .collect();
+        (e, values)
     }
 
     // --------------------------------------------------------------- resize
 
     /// After a write: help a migration along, or start a resize.
     ///
-    /// `claimed`: the write claimed a slot. A claim in a table that is being
+    /// `claims`: slots the write claimed. A claim in a table that is being
     /// migrated into must pay its migration step (waiting for the `resize`
     /// lock if need be): that is what bounds the new table's load. Other
     /// writes help only if the lock is free.
-    fn after_write(&self, claimed: bool) {
+    fn after_write(&self, claims: usize) {
         let _guard = rcu::read_lock();
         // SAFETY: root is live under the guard.
         let root = unsafe { &*self.root.load(Ordering::Acquire) };
         let migrating = !root.future.load(Ordering::Acquire).is_null();
         if migrating {
-            let st = if claimed {
+            let st = if claims > 0 {
                 Some(lock(&self.resize))
             } else {
                 self.resize.try_lock().ok()
             };
             if let Some(mut st) = st {
-                let budget = st.budget;
+                let budget = st.budget.saturating_mul(claims.max(1));
                 self.migrate(&mut st, budget);
             }
             return;
