@@ -578,15 +578,57 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         }
         let keys: Vec<u64> = items.iter().map(|(k, _)| *k).collect();
         let mut vals: Vec<Option<V>> = items.into_iter().map(|(_, v)| Some(v)).collect();
-        // (stripe, key, input position): grouped by stripe then key; the
-        // position keeps the values of one key in input order.
-        let mut order: Vec<(usize, u64, usize)> = keys
+        // Presize for every key being new (bulk registrations rarely repeat
+        // an address; a batch that does only over-allocates), so the sort
+        // below can order keys by their home slot in the final table.
+        self.presize(n);
+        let (seed, mask) = {
+            let _guard = rcu::read_lock();
+            let t = self.newest();
+            (t.seed(), t.capacity() - 1)
+        };
+        // (stripe, home slot, key, input position): one lock per stripe run,
+        // the table swept in slot order within a run (its cache misses turn
+        // into a sequential walk), keys of one address adjacent, and the
+        // position keeps their values in input order.
+        // Sorted as packed `u128`s (stripe and home slot above the position):
+        // cheaper to sort than tuples. Keys sharing a home slot are then put
+        // in key order (tiny runs), so each key's values stay adjacent.
+        let mut packed: Vec<u128> = keys
             .iter()
             .enumerate()
-            .map(|(i, &k)| (stripe_of(k, self.stripe_mask), k, i))
+            .map(|(i, &k)| {
+                let home = (table::hash(k, seed) as usize & mask) as u128;
+                let stripe = stripe_of(k, self.stripe_mask) as u128;
+                (stripe << 104) | (home << 64) | i as u128
+            })
             .collect();
-        order.sort_unstable();
-        let distinct = 1 + order.windows(2).filter(|w| w[0].1 != w[1].1).count();
+        packed.sort_unstable();
+        let order: Vec<(usize, usize, u64, usize)> = packed
+            .into_iter()
+            .map(|p| {
+                let i = p as u64 as usize;
+                (
+                    (p >> 104) as usize,
+                    (p >> 64) as usize & ((1 << 40) - 1),
+                    keys[i],
+                    i,
+                )
+            })
+            .collect();
+        let mut order = order;
+        let mut a = 0;
+        while a < n {
+            let b = a + order[a..]
+                .iter()
+                .take_while(|o| (o.0, o.1) == (order[a].0, order[a].1))
+                .count();
+            if b - a > 1 {
+                order[a..b].sort_unstable_by_key(|o| (o.2, o.3));
+            }
+            a = b;
+        }
+        let distinct = 1 + order.windows(2).filter(|w| w[0].2 != w[1].2).count();
 
         // Up-front capacity check: fails before inserting anything unless
         // concurrent writers race us (then the rollback below runs).
@@ -596,8 +638,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 - order
                     .iter()
                     .enumerate()
-                    .filter(|&(j, o)| j == 0 || order[j - 1].1 != o.1)
-                    .filter(|&(_, o)| !self.lookup_raw(o.1).is_null())
+                    .filter(|&(j, o)| j == 0 || order[j - 1].2 != o.2)
+                    .filter(|&(_, o)| !self.lookup_raw(o.2).is_null())
                     .count();
             drop(guard);
             if self.addrs.load(Ordering::Relaxed) + new_keys > max {
@@ -608,8 +650,6 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 return Err((Error::CapacityExceeded { max_addresses: max }, values));
             }
         }
-        self.presize(distinct);
-
         let mut ids = vec![0u64; n];
         // (key, start of its group in `order`)
         let mut inserted: Vec<(u64, usize)> = Vec::with_capacity(distinct);
@@ -624,12 +664,12 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             let (mut claims, mut long_probe) = (0, false);
             let mut stopped: Option<Result<usize, Error>> = None;
             while j < run_end {
-                let key = order[j].1;
-                let end = j + order[j..run_end].iter().take_while(|o| o.1 == key).count();
+                let key = order[j].2;
+                let end = j + order[j..run_end].iter().take_while(|o| o.2 == key).count();
                 let group = &order[j..end];
                 let mut taken = 0;
                 let mut next = || {
-                    let v = vals[group[taken].2]
+                    let v = vals[group[taken].3]
                         .take()
                         .expect("each value inserted once");
                     taken += 1;
@@ -638,7 +678,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 match self.insert_group_locked(si, stripe, &mut st, key, &mut next, group.len()) {
                     Ok(Some(g)) => {
                         for (i, o) in group.iter().enumerate() {
-                            ids[o.2] = g.first + ((i as u64) << STRIPE_ID_BITS);
+                            ids[o.3] = g.first + ((i as u64) << STRIPE_ID_BITS);
                         }
                         inserted.push((key, j));
                         claims += usize::from(g.claimed);
@@ -681,7 +721,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         e: Error,
         keys: &[u64],
         mut vals: Vec<Option<V>>,
-        order: &[(usize, u64, usize)],
+        order: &[(usize, usize, u64, usize)],
         ids: &[u64],
         inserted: &[(u64, usize)],
     ) -> BulkError<V> {
@@ -689,8 +729,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         for &(key, start) in inserted {
             let gids: Vec<u64> = order[start..]
                 .iter()
-                .take_while(|o| o.1 == key)
-                .map(|o| ids[o.2])
+                .take_while(|o| o.2 == key)
+                .map(|o| ids[o.3])
                 .collect();
             match self.unlink(key, &gids) {
                 Ok(rec) => unlinked.push((rec, gids)),
@@ -715,7 +755,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         }
         let pos_of: std::collections::HashMap<u64, usize> = order
             .iter()
-            .map(|o| (ids[o.2], o.2))
+            .map(|o| (ids[o.3], o.3))
             .filter(|&(id, _)| id != 0)
             .collect();
         for (id, v) in back {

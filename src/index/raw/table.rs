@@ -176,6 +176,10 @@ impl Table {
         }
     }
 
+    pub(crate) fn seed(&self) -> u64 {
+        self.seed
+    }
+
     /// Finds or claims `key`'s slot. Caller holds `key`'s stripe lock and
     /// has checked `future` is null and the table has room.
     ///
