@@ -468,7 +468,7 @@ impl ReturnStack {
         ri.expired.store(false, Ordering::Relaxed);
         // Release: pairs with the Acquire slot load in `expire`; a scanner
         // that finds `index` here sees the fields above.
-        self.rec.slots[self.depth].store(index, Ordering::Release);
+        self.rec.slot(self.depth).store(index, Ordering::Release);
         self.depth += 1;
         // Release: pairs with the Acquire depth load in `expire`; the slot
         // is published before the depth covers it.
@@ -503,7 +503,7 @@ impl ReturnStack {
     pub fn pop(&mut self) -> Option<ReturnInstance<'_>> {
         let depth = self.depth.checked_sub(1)?;
         // Relaxed: our own store.
-        let index = self.rec.slots[depth].load(Ordering::Relaxed);
+        let index = self.rec.slot(depth).load(Ordering::Relaxed);
         let seq = self.shared.unlink(&self.rec, depth);
         self.depth = depth;
         Some(ReturnInstance {
