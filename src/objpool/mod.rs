@@ -59,7 +59,7 @@
 //! let all: Vec<_> = std::iter::from_fn(|| pool.pop()).collect();
 //! assert_eq!(all.len(), 64);
 //! assert!(pool.pop().is_none());
-//! assert_eq!(pool.nmissed(), 1);
+//! assert_eq!(pool.nmissed(), 2); // the pop that ended `collect`, and this one
 //! ```
 //!
 //! # Consistency
