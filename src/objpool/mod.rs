@@ -315,6 +315,7 @@ impl<T: Send> PoolObj<T> {
     /// let o = pool.pop().unwrap();
     /// assert_eq!(o.index(), *o);
     /// ```
+    #[inline]
     pub fn index(&self) -> usize {
         self.index as usize
     }

@@ -521,6 +521,7 @@ impl ReturnStack {
     /// let pool = fprobe::retinst::RetInstPool::builder().build().unwrap();
     /// assert_eq!(pool.register_thread().depth(), 0);
     /// ```
+    #[inline]
     pub fn depth(&self) -> usize {
         self.depth
     }
@@ -587,6 +588,7 @@ pub struct ReturnInstance<'s> {
 }
 
 impl ReturnInstance<'_> {
+    #[inline]
     fn ri(&self) -> &shadow::RetInst {
         self.stack.shared.ri(self.index)
     }
@@ -596,6 +598,7 @@ impl ReturnInstance<'_> {
     /// # Examples
     ///
     /// See [`ReturnStack::pop`].
+    #[inline]
     pub fn probe(&self) -> ProbeRef {
         let ri = self.ri();
         // Relaxed: our own stores (the instance is held by this thread).
@@ -610,6 +613,7 @@ impl ReturnInstance<'_> {
     /// # Examples
     ///
     /// See [`ReturnInstance`].
+    #[inline]
     pub fn addr(&self) -> u64 {
         self.ri().addr.load(Ordering::Relaxed)
     }
@@ -620,6 +624,7 @@ impl ReturnInstance<'_> {
     /// # Examples
     ///
     /// See [`RetInstPool::expire`].
+    #[inline]
     pub fn is_expired(&self) -> bool {
         // Relaxed: a flag; a racing expire may or may not be seen.
         self.ri().expired.load(Ordering::Relaxed)
@@ -630,6 +635,7 @@ impl ReturnInstance<'_> {
     /// # Examples
     ///
     /// See [`ReturnStack::push`].
+    #[inline]
     pub fn data(&self) -> &[u8] {
         self.ri().data.with(|p| {
             // SAFETY: the instance is held by this thread until `self` drops
@@ -644,6 +650,7 @@ impl ReturnInstance<'_> {
     /// # Examples
     ///
     /// See [`ReturnInstance`].
+    #[inline]
     pub fn data_mut(&mut self) -> &mut [u8] {
         self.ri().data.with_mut(|p| {
             // SAFETY: as in `data`; `&mut self` makes the borrow unique.

@@ -59,7 +59,9 @@ use crate::objpool::ObjPool;
 use crate::sync::UnsafeCell;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, CachePadded, Mutex, Ordering};
 
-/// One return instance.
+/// One return instance. Aligned to a cache line: an instance never
+/// straddles two lines nor shares one with an instance of another thread.
+#[repr(align(64))]
 pub(crate) struct RetInst {
     /// Identity of the probe the entry belongs to. Invariant: stored only
     /// by the owner before the instance is published in a slot (`Release`).
