@@ -32,10 +32,12 @@
 //! where `slot` is a process-wide number handed out round-robin the first
 //! time the thread touches any pool (one thread-local load afterwards, about
 //! 0.3 ns). `sched_getcpu()` would follow the thread across CPUs, but costs
-//! 1–2.5 ns twice per pop/push pair (REFERENCE §3; the benchmark prints its
-//! cost on the current machine), and with a ring per thread slot the common
-//! case (threads ≤ rings) has no sharing at all. When more threads than
-//! rings run, threads share rings; that is correct, only slower.
+//! 1–2.5 ns per call on a fast host (REFERENCE §3) and measured 3–9 ns on
+//! the 2-vCPU machine of `BENCHMARKS-objpool.md` (the benchmark prints it),
+//! twice per pop/push pair, against 8–10 ns for the whole pair; and with a
+//! ring per thread slot the common case (threads ≤ rings) has no sharing at
+//! all. When more threads than rings run, threads share rings; that is
+//! correct, only slower.
 //!
 //! **Lifetime.** The pool can be dropped while objects are outstanding, as
 //! with the kernel's `objpool_fini`: the objects in the rings are dropped at
