@@ -213,9 +213,13 @@ fn reuse_is_safe_against_a_concurrent_scanner() {
 
 /// Deterministic check of the reuse rule: an instance finished while a scan
 /// runs is not reused until the scan ends. The scan is held open by an RCU
-/// read-side section of this thread (its grace period cannot end), and the
-/// instance is recognised by a marker left in its data area (white-box: the
-/// data area is not cleared on reuse).
+/// read-side section of a helper thread (its grace period cannot end), and
+/// the instance is recognised by a marker left in its data area (white-box:
+/// the data area is not cleared on reuse).
+///
+/// The section must not be this thread's own: an unlink nested in a section
+/// that began before the scan's grace period is one the scan *waits for*,
+/// and the protocol then rightly lets it reuse the instance.
 #[test]
 fn instance_finished_during_a_scan_is_not_reused() {
     let pool = RetInstPool::builder()
@@ -227,12 +231,20 @@ fn instance_finished_during_a_scan_is_not_reused() {
     stack.push(probe(1), 0, 1).unwrap()[0] = 0xAA;
     drop(stack.pop()); // on this thread's LIFO
 
-    let guard = fprobe::rcu::read_lock();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let guard = fprobe::rcu::read_lock();
+        ready_tx.send(()).unwrap();
+        go_rx.recv().unwrap();
+        drop(guard);
+    });
+    ready_rx.recv().unwrap();
     let scanner = {
         let pool = pool.clone();
         std::thread::spawn(move || pool.expire(7))
     };
-    // Give the scanner time to start its scan; it then waits for `guard`.
+    // Give the scanner time to start its scan; it then waits for the holder.
     std::thread::sleep(std::time::Duration::from_millis(100));
     assert_eq!(pool.stats().scans, 0, "the scan must still be running");
 
@@ -249,7 +261,8 @@ fn instance_finished_during_a_scan_is_not_reused() {
     );
     drop(stack.pop());
 
-    drop(guard);
+    go_tx.send(()).unwrap();
+    holder.join().unwrap();
     assert_eq!(scanner.join().unwrap(), 0);
     assert_eq!(pool.stats().scans, 1);
     // The scan gave the orphan back: both instances are available again.

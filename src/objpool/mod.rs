@@ -32,10 +32,12 @@
 //! where `slot` is a process-wide number handed out round-robin the first
 //! time the thread touches any pool (one thread-local load afterwards, about
 //! 0.3 ns). `sched_getcpu()` would follow the thread across CPUs, but costs
-//! 1–2.5 ns twice per pop/push pair (REFERENCE §3; the benchmark prints its
-//! cost on the current machine), and with a ring per thread slot the common
-//! case (threads ≤ rings) has no sharing at all. When more threads than
-//! rings run, threads share rings; that is correct, only slower.
+//! 1–2.5 ns per call on a fast host (REFERENCE §3) and measured 3–9 ns on
+//! the 2-vCPU machine of `BENCHMARKS-objpool.md` (the benchmark prints it),
+//! twice per pop/push pair, against 8–10 ns for the whole pair; and with a
+//! ring per thread slot the common case (threads ≤ rings) has no sharing at
+//! all. When more threads than rings run, threads share rings; that is
+//! correct, only slower.
 //!
 //! **Lifetime.** The pool can be dropped while objects are outstanding, as
 //! with the kernel's `objpool_fini`: the objects in the rings are dropped at
@@ -59,7 +61,7 @@
 //! let all: Vec<_> = std::iter::from_fn(|| pool.pop()).collect();
 //! assert_eq!(all.len(), 64);
 //! assert!(pool.pop().is_none());
-//! assert_eq!(pool.nmissed(), 1);
+//! assert_eq!(pool.nmissed(), 2); // the pop that ended `collect`, and this one
 //! ```
 //!
 //! # Consistency
@@ -315,6 +317,7 @@ impl<T: Send> PoolObj<T> {
     /// let o = pool.pop().unwrap();
     /// assert_eq!(o.index(), *o);
     /// ```
+    #[inline]
     pub fn index(&self) -> usize {
         self.index as usize
     }

@@ -56,7 +56,9 @@ unsafe impl<T: Send> Send for RawPool<T> {}
 
 impl<T> RawPool<T> {
     /// Allocates a pool of `nr_objs` objects made by `init(i)`, spread over
-    /// `nr_rings` rings round-robin (as the kernel spreads them over CPUs).
+    /// `nr_rings` rings in contiguous blocks (as the kernel gives each CPU
+    /// its own objects): threads on different rings then touch different
+    /// cache lines, rather than neighbouring objects.
     ///
     /// `nr_rings` must be a power of two, `nr_objs` at most `2^31`.
     pub(crate) fn new(
@@ -74,7 +76,7 @@ impl<T> RawPool<T> {
         for i in 0..nr_objs {
             // The pool is not shared yet; each ring receives at most
             // `nr_objs` indices, within its capacity.
-            let pushed = rings[i & (nr_rings - 1)].push(i as u32);
+            let pushed = rings[i * nr_rings / nr_objs].push(i as u32);
             debug_assert!(pushed.is_ok());
         }
         let pool = Box::new(Self {

@@ -80,8 +80,10 @@
 //! # Performance
 //!
 //! Entry + return with reuse is a handful of plain loads and stores on the
-//! thread's own cache lines plus a ~1 ns RCU read-side section, so the
-//! per-thread rate does not drop with more threads. Allocating each
+//! thread's own cache lines plus one RCU read-side section (no atomic
+//! read-modify-write, no fence; about 5 of the ~12 ns of a pair on the
+//! benchmark machine), so the per-thread rate does not depend on the
+//! number of threads. Allocating each
 //! instance with `Box` is the baseline; see `BENCHMARKS-objpool.md`.
 
 mod shadow;
@@ -468,7 +470,7 @@ impl ReturnStack {
         ri.expired.store(false, Ordering::Relaxed);
         // Release: pairs with the Acquire slot load in `expire`; a scanner
         // that finds `index` here sees the fields above.
-        self.rec.slots[self.depth].store(index, Ordering::Release);
+        self.rec.slot(self.depth).store(index, Ordering::Release);
         self.depth += 1;
         // Release: pairs with the Acquire depth load in `expire`; the slot
         // is published before the depth covers it.
@@ -503,7 +505,7 @@ impl ReturnStack {
     pub fn pop(&mut self) -> Option<ReturnInstance<'_>> {
         let depth = self.depth.checked_sub(1)?;
         // Relaxed: our own store.
-        let index = self.rec.slots[depth].load(Ordering::Relaxed);
+        let index = self.rec.slot(depth).load(Ordering::Relaxed);
         let seq = self.shared.unlink(&self.rec, depth);
         self.depth = depth;
         Some(ReturnInstance {
@@ -521,6 +523,7 @@ impl ReturnStack {
     /// let pool = fprobe::retinst::RetInstPool::builder().build().unwrap();
     /// assert_eq!(pool.register_thread().depth(), 0);
     /// ```
+    #[inline]
     pub fn depth(&self) -> usize {
         self.depth
     }
@@ -587,6 +590,7 @@ pub struct ReturnInstance<'s> {
 }
 
 impl ReturnInstance<'_> {
+    #[inline]
     fn ri(&self) -> &shadow::RetInst {
         self.stack.shared.ri(self.index)
     }
@@ -596,6 +600,7 @@ impl ReturnInstance<'_> {
     /// # Examples
     ///
     /// See [`ReturnStack::pop`].
+    #[inline]
     pub fn probe(&self) -> ProbeRef {
         let ri = self.ri();
         // Relaxed: our own stores (the instance is held by this thread).
@@ -610,6 +615,7 @@ impl ReturnInstance<'_> {
     /// # Examples
     ///
     /// See [`ReturnInstance`].
+    #[inline]
     pub fn addr(&self) -> u64 {
         self.ri().addr.load(Ordering::Relaxed)
     }
@@ -620,6 +626,7 @@ impl ReturnInstance<'_> {
     /// # Examples
     ///
     /// See [`RetInstPool::expire`].
+    #[inline]
     pub fn is_expired(&self) -> bool {
         // Relaxed: a flag; a racing expire may or may not be seen.
         self.ri().expired.load(Ordering::Relaxed)
@@ -630,6 +637,7 @@ impl ReturnInstance<'_> {
     /// # Examples
     ///
     /// See [`ReturnStack::push`].
+    #[inline]
     pub fn data(&self) -> &[u8] {
         self.ri().data.with(|p| {
             // SAFETY: the instance is held by this thread until `self` drops
@@ -644,6 +652,7 @@ impl ReturnInstance<'_> {
     /// # Examples
     ///
     /// See [`ReturnInstance`].
+    #[inline]
     pub fn data_mut(&mut self) -> &mut [u8] {
         self.ri().data.with_mut(|p| {
             // SAFETY: as in `data`; `&mut self` makes the borrow unique.

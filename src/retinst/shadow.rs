@@ -59,7 +59,9 @@ use crate::objpool::ObjPool;
 use crate::sync::UnsafeCell;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, CachePadded, Mutex, Ordering};
 
-/// One return instance.
+/// One return instance. Aligned to a cache line: an instance never
+/// straddles two lines nor shares one with an instance of another thread.
+#[repr(align(64))]
 pub(crate) struct RetInst {
     /// Identity of the probe the entry belongs to. Invariant: stored only
     /// by the owner before the instance is published in a slot (`Release`).
@@ -105,15 +107,20 @@ impl RetInst {
     }
 }
 
-/// One thread's shadow stack, as scanners see it.
+/// One thread's shadow stack, as scanners see it. Aligned to 128 bytes, so
+/// that threads' records (written on every push and pop) never share a line.
+#[repr(align(128))]
 pub(crate) struct Record {
     /// Number of in-flight instances.
     ///
     /// Invariant: stored only by the owning stack; `slots[..depth]` are
     /// published before `depth` covers them (`Release`).
     pub(crate) depth: AtomicUsize,
-    /// Object index of the instance at each depth.
-    pub(crate) slots: Box<[AtomicU32]>,
+    /// Object index of the instance at each depth, in 128-byte blocks (no
+    /// line shared with another thread's slots); see [`Record::slot`].
+    slots: Box<[SlotBlock]>,
+    /// Number of usable slots (`max_depth`).
+    max_depth: usize,
     /// Misses by cause; owner-only stores (load + store, no RMW).
     pub(crate) nmissed_depth: AtomicU64,
     pub(crate) nmissed_exhausted: AtomicU64,
@@ -126,11 +133,26 @@ impl Record {
     fn new(max_depth: usize) -> Self {
         Self {
             depth: AtomicUsize::new(0),
-            slots: (0..max_depth).map(|_| AtomicU32::new(0)).collect(),
+            slots: (0..max_depth.div_ceil(SLOTS_PER_BLOCK))
+                .map(|_| SlotBlock(std::array::from_fn(|_| AtomicU32::new(0))))
+                .collect(),
+            max_depth,
             nmissed_depth: AtomicU64::new(0),
             nmissed_exhausted: AtomicU64::new(0),
             in_use: AtomicBool::new(true),
         }
+    }
+
+    /// The slot at depth `k < max_depth`.
+    #[inline(always)]
+    pub(crate) fn slot(&self, k: usize) -> &AtomicU32 {
+        debug_assert!(k < self.max_depth);
+        &self.slots[k / SLOTS_PER_BLOCK].0[k % SLOTS_PER_BLOCK]
+    }
+
+    /// Number of slots.
+    pub(crate) fn max_depth(&self) -> usize {
+        self.max_depth
     }
 
     /// Owner-only counter bump: no read-modify-write needed.
@@ -139,6 +161,12 @@ impl Record {
         counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     }
 }
+
+const SLOTS_PER_BLOCK: usize = 32;
+
+/// 32 slots on their own pair of cache lines.
+#[repr(align(128))]
+struct SlotBlock([AtomicU32; SLOTS_PER_BLOCK]);
 
 /// State shared by a pool's handles and stacks.
 pub(crate) struct Shared {
@@ -273,11 +301,11 @@ impl Shared {
         for rec in lock(&self.records).iter() {
             // Acquire: pairs with the Release depth store in `push`; the
             // slots below it are published.
-            let depth = rec.depth.load(Ordering::Acquire).min(rec.slots.len());
-            for slot in &rec.slots[..depth] {
+            let depth = rec.depth.load(Ordering::Acquire).min(rec.max_depth());
+            for k in 0..depth {
                 // Acquire: pairs with the Release slot store in `push`; the
                 // instance's identity fields are those of its current call.
-                let ri = self.ri(slot.load(Ordering::Acquire));
+                let ri = self.ri(rec.slot(k).load(Ordering::Acquire));
                 if ri.probe_id.load(Ordering::Relaxed) == probe_id {
                     ri.expired.store(true, Ordering::Relaxed);
                     marked += 1;
