@@ -11,7 +11,9 @@ export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
 status=0
 echo "== loom: models (LOOM_MAX_PREEMPTIONS=$LOOM_MAX_PREEMPTIONS)"
 if RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-    timeout 1200 cargo test --release --lib loom -- --test-threads=1; then
+    timeout 1200 cargo test --release --lib loom -- --test-threads=1 &&
+   RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+    timeout 1200 cargo test --release --test loom_objpool -- --test-threads=1; then
   echo "loom models: PASSED"
 else
   echo "loom models: FAILED"; status=1

@@ -16,7 +16,8 @@ if ! cargo +nightly miri setup >/tmp/miri-setup.log 2>&1; then
   echo "miri: SKIPPED (miri setup failed: $(tail -1 /tmp/miri-setup.log))"
   exit 0
 fi
-base="-Zmiri-strict-provenance -Zmiri-disable-isolation"
+# ignore-leaks: the RCU reclaimer thread lives for the whole process.
+base="-Zmiri-strict-provenance -Zmiri-disable-isolation -Zmiri-ignore-leaks"
 export FPROBE_STRESS_MS=20 PROPTEST_CASES=4
 status=0
 # The RCU under several schedules (seeds); the rest under one.
