@@ -511,7 +511,7 @@ fn concurrent_stress() {
         "{ops:?} {seen:?}"
     );
     let stats = index.stats();
-    assert!(stats.resizes > 0);
+    assert!(cfg!(miri) || stats.resizes > 0);
     assert_eq!(index.len_addrs(), 1, "{stats:?}");
     drop(Arc::try_unwrap(index).ok().unwrap());
     rcu::barrier();
