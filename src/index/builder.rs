@@ -14,7 +14,7 @@ use crate::error::Error;
 /// | [`capacity`](Self::capacity) (addresses to presize for) | 0: start at `min_capacity` slots |
 /// | [`min_capacity`](Self::min_capacity) (slots, power of two) | 64 |
 /// | [`max_addresses`](Self::max_addresses) | unlimited |
-/// | [`auto_shrink`](Self::auto_shrink) (below 25% load) | off |
+/// | [`auto_shrink`](Self::auto_shrink) (below 12.5% load) | off |
 /// | [`hash_seed`](Self::hash_seed) | random per index |
 /// | [`stripes`](Self::stripes) (writer locks, power of two) | 4 × CPUs, in 8..=1024 |
 /// | [`hit_cache`](Self::hit_cache) | none |
@@ -104,7 +104,7 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
         self
     }
 
-    /// Shrink the table when fewer than a quarter of its slots hold
+    /// Shrink the table when fewer than an eighth of its slots hold
     /// addresses (never below `min_capacity`).
     pub fn auto_shrink(mut self, on: bool) -> Self {
         self.auto_shrink = on;

@@ -44,9 +44,10 @@
 //! attaches a larger table: the forced path of rhashtable), a bulk insert
 //! that presizes, and `clear`.
 //!
-//! Growth starts at 80% claimed slots (live keys and tombstones) and sizes
-//! the new table at twice the live keys, so tombstones are dropped and the
-//! table can shrink (`auto_shrink`, below 25% live). A claim that probes more
+//! Growth starts at 50% claimed slots (live keys and tombstones; see
+//! `GROW_AT` for why so low) and sizes the new table at twice the live keys,
+//! so tombstones are dropped; with `auto_shrink` the table shrinks below
+//! 12.5% live, to at most 25%. A claim that probes more
 //! than `LONG_PROBE` slots in a table under half full means the hash is being
 //! defeated: the table is rehashed with a new seed.
 

