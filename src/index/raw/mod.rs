@@ -780,34 +780,53 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// writes help only if the lock is free.
     fn after_write(&self, claims: usize) {
         let _guard = rcu::read_lock();
-        // SAFETY: root is live under the guard.
-        let root = unsafe { &*self.root.load(Ordering::Acquire) };
-        let migrating = !root.future.load(Ordering::Acquire).is_null();
-        if migrating {
-            let st = if claims > 0 {
-                Some(lock(&self.resize))
-            } else {
-                self.resize.try_lock().ok()
-            };
-            if let Some(mut st) = st {
-                let budget = st.budget.saturating_mul(claims.max(1));
-                self.migrate(&mut st, budget);
-            }
+        // A first look without the lock: most writes have nothing to do.
+        if !self.resize_work() {
             return;
         }
-        let grow = !root.has_room(0, GROW_AT);
-        let shrink = self.config.auto_shrink
-            && root.capacity() > self.config.min_capacity
-            && self.addrs.load(Ordering::Relaxed) * 4 < root.capacity();
-        if grow || shrink {
-            if let Ok(mut st) = self.resize.try_lock() {
-                let cap =
-                    capacity_for(self.addrs.load(Ordering::Relaxed), self.config.min_capacity);
-                if grow || cap < root.capacity() {
-                    self.attach(&mut st, cap);
-                }
+        let st = if claims > 0 {
+            Some(lock(&self.resize))
+        } else {
+            self.resize.try_lock().ok()
+        };
+        let Some(mut st) = st else { return };
+        // Decide again under the lock: another writer may have attached a
+        // table or finished a migration since the first look.
+        // SAFETY: root is live under the guard.
+        let root = unsafe { &*self.root.load(Ordering::Acquire) };
+        if !root.future.load(Ordering::Acquire).is_null() {
+            let budget = st.budget.saturating_mul(claims.max(1));
+            self.migrate(&mut st, budget);
+            return;
+        }
+        let addrs = self.addrs.load(Ordering::Relaxed);
+        if !root.has_room(0, GROW_AT) {
+            self.attach(&mut st, capacity_for(addrs, self.config.min_capacity));
+        } else if self.should_shrink(root) {
+            // To at most 1/4 load: far enough from the growth threshold that
+            // a few inserts do not grow it straight back.
+            let cap = capacity_for(addrs.saturating_mul(2), self.config.min_capacity);
+            if cap < root.capacity() {
+                self.attach(&mut st, cap);
             }
         }
+    }
+
+    /// Whether a resize step is due: a migration to help, or a table to
+    /// grow or shrink. Caller holds a read guard.
+    fn resize_work(&self) -> bool {
+        // SAFETY: root is live under the caller's guard.
+        let root = unsafe { &*self.root.load(Ordering::Acquire) };
+        !root.future.load(Ordering::Acquire).is_null()
+            || !root.has_room(0, GROW_AT)
+            || self.should_shrink(root)
+    }
+
+    /// Shrink below 1/8 load (never below `min_capacity`).
+    fn should_shrink(&self, root: &Table) -> bool {
+        self.config.auto_shrink
+            && root.capacity() > self.config.min_capacity
+            && self.addrs.load(Ordering::Relaxed) * 8 < root.capacity()
     }
 
     fn request_rehash(&self) {
@@ -880,6 +899,17 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// fewer than the `0.9 × new − live` claims it takes to reach the forced
     /// threshold.
     fn attach(&self, st: &mut ResizeState, capacity: usize) {
+        // SAFETY: root is live (caller's guard).
+        if !unsafe { &*self.root.load(Ordering::Acquire) }
+            .future
+            .load(Ordering::Acquire)
+            .is_null()
+        {
+            // Futures are only attached under `resize`, which the caller
+            // holds, so this cannot change under us; a caller that decided
+            // on a stale view simply has nothing to do.
+            return;
+        }
         let seed = table_seed(self.config.seed, st.generation);
         st.generation += 1;
         // SAFETY: root is live (caller's guard).
@@ -890,7 +920,6 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let stripes: Vec<_> = self.stripes.iter().map(|s| lock(&s.lock)).collect();
         // SAFETY: root is live (caller's guard).
         let root = unsafe { &*self.root.load(Ordering::Acquire) };
-        debug_assert!(root.future.load(Ordering::Relaxed).is_null());
         // Release: pairs with the Acquire loads of `future` by readers and
         // writers; the new table's fields are visible. Every stripe lock is
         // held, so no writer is between reading `future` and claiming.
