@@ -4,9 +4,12 @@
 //!
 //! `cargo bench --bench hit_cache` (env `FPROBE_THREADS=1,2`, `FPROBE_RUN_MS=300`)
 
+#[path = "common/runner.rs"]
+mod runner;
+
 use std::hint::black_box;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use fprobe::{AddrIndex, HitCacheConfig, rcu};
@@ -63,65 +66,36 @@ fn build(addrs: &[u64], cache: bool) -> AddrIndex<u64> {
     index
 }
 
-/// Total M lookups/s of `threads` threads over their streams for `run`.
+/// Total M lookups/s of one thread per stream, for `run`.
 fn throughput(index: &Arc<AddrIndex<u64>>, streams: &[Arc<Vec<u64>>], run: Duration) -> f64 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let start = Arc::new(Barrier::new(streams.len() + 1));
-    let handles: Vec<_> = streams
+    let workers = streams
         .iter()
         .map(|s| {
-            let (index, s, stop, start) = (index.clone(), s.clone(), stop.clone(), start.clone());
-            std::thread::spawn(move || {
-                start.wait();
-                let mut n = 0u64;
+            let (index, s) = (index.clone(), s.clone());
+            let mut at = 0;
+            move || {
+                let g = rcu::read_lock();
                 let mut sum = 0u64;
-                'outer: loop {
-                    for batch in s.chunks(100) {
-                        let g = rcu::read_lock();
-                        for &a in batch {
-                            for v in index.get(black_box(a), &g) {
-                                sum = sum.wrapping_add(*v);
-                            }
-                        }
-                        drop(g);
-                        n += batch.len() as u64;
-                        if stop.load(Ordering::Relaxed) {
-                            break 'outer;
-                        }
+                for &a in &s[at..at + 100] {
+                    for v in index.get(black_box(a), &g) {
+                        sum = sum.wrapping_add(*v);
                     }
                 }
                 black_box(sum);
-                n
-            })
+                at = (at + 100) % (s.len() - 100);
+                100
+            }
         })
         .collect();
-    start.wait();
-    let t = Instant::now();
-    std::thread::sleep(run);
-    stop.store(true, Ordering::Relaxed);
-    let total: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
-    total as f64 / t.elapsed().as_secs_f64() / 1e6
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
+    runner::throughput(workers, run)
 }
 
 fn main() {
     if std::env::args().any(|a| a == "--list" || a == "--test") {
         return;
     }
-    let threads: Vec<usize> = std::env::var("FPROBE_THREADS")
-        .ok()
-        .map(|s| s.split(',').filter_map(|t| t.parse().ok()).collect())
-        .unwrap_or_else(|| vec![1, 2]);
-    let run = Duration::from_millis(
-        std::env::var("FPROBE_RUN_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(300),
-    );
+    let threads = runner::threads();
+    let run = runner::run_length();
     println!(
         "hit cache: median of 5 runs × {} ms, M lookups/s (total over threads); cache = {} B/thread",
         run.as_millis(),
@@ -150,7 +124,7 @@ fn main() {
                 let after = cached.hit_cache_stats().unwrap();
                 let hits = after.hits - before.hits;
                 let all = hits + after.misses - before.misses + after.bypassed - before.bypassed;
-                let (u, c) = (median(u), median(c));
+                let (u, c) = (runner::median(u), runner::median(c));
                 println!(
                     "| {n} | {} | {t} | {u:.1} | {c:.1} | {:.2}× | {:.1}% |",
                     if hot { "hot (90% on 64)" } else { "uniform" },

@@ -7,10 +7,13 @@
 //!
 //! `cargo bench --bench probe` (env `FPROBE_THREADS=1,2`, `FPROBE_RUN_MS=300`)
 
+#[path = "common/runner.rs"]
+mod runner;
+
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use fprobe::HitCacheConfig;
 use fprobe::probe::{EntryAction, Fprobe, Registry};
@@ -59,52 +62,27 @@ fn registry(shape: Shape, cache: bool, hits: &Arc<AtomicU64>) -> Registry<u64> {
 }
 
 fn run(reg: &Arc<Registry<u64>>, threads: usize, dur: Duration) -> f64 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let start = Arc::new(Barrier::new(threads + 1));
-    let hs: Vec<_> = (0..threads)
+    let workers = (0..threads)
         .map(|_| {
-            let (reg, stop, start) = (reg.clone(), stop.clone(), start.clone());
-            std::thread::spawn(move || {
-                start.wait();
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    for i in 0..100u64 {
-                        reg.on_entry(black_box(HOT), i, &i);
-                        reg.on_exit(i, &i);
-                    }
-                    n += 100;
+            let reg = reg.clone();
+            move || {
+                for i in 0..100u64 {
+                    reg.on_entry(black_box(HOT), i, &i);
+                    reg.on_exit(i, &i);
                 }
-                n
-            })
+                100
+            }
         })
         .collect();
-    start.wait();
-    let t = Instant::now();
-    std::thread::sleep(dur);
-    stop.store(true, Ordering::Relaxed);
-    let n: u64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
-    n as f64 / t.elapsed().as_secs_f64() / 1e6
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
+    runner::throughput(workers, dur)
 }
 
 fn main() {
     if std::env::args().any(|a| a == "--list" || a == "--test") {
         return;
     }
-    let threads: Vec<usize> = std::env::var("FPROBE_THREADS")
-        .ok()
-        .map(|s| s.split(',').filter_map(|t| t.parse().ok()).collect())
-        .unwrap_or_else(|| vec![1, 2]);
-    let dur = Duration::from_millis(
-        std::env::var("FPROBE_RUN_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(300),
-    );
+    let threads = runner::threads();
+    let dur = runner::run_length();
     let hits = Arc::new(AtomicU64::new(0));
     let cases = [
         ("kprobe-multi", Shape::One, false),
@@ -130,7 +108,7 @@ fn main() {
                 samples[i].push(run(reg, t, dur));
             }
         }
-        let med: Vec<f64> = samples.into_iter().map(median).collect();
+        let med: Vec<f64> = samples.into_iter().map(runner::median).collect();
         for (i, (name, _, _)) in cases.iter().enumerate() {
             println!(
                 "| {name} | {t} | {:.2} | {:.2} | {:.2}× |",

@@ -112,6 +112,20 @@ struct StripeState {
     next_seq: u64,
 }
 
+impl Stripe {
+    /// Adjusts the stripe's counters. Caller holds `lock` (the only writer),
+    /// so a load and a store suffice; readers of `len()` may see either
+    /// value.
+    fn account(&self, values: isize, record_bytes: isize) {
+        let v = self.values.load(Ordering::Relaxed);
+        self.values
+            .store(v.wrapping_add_signed(values), Ordering::Relaxed);
+        let b = self.record_bytes.load(Ordering::Relaxed);
+        self.record_bytes
+            .store(b.wrapping_add_signed(record_bytes), Ordering::Relaxed);
+    }
+}
+
 /// Result of one group insert.
 struct Group {
     first: u64,
@@ -433,13 +447,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             );
             st.next_seq += n as u64;
             Self::publish(slot, new.into_raw());
-            stripe
-                .values
-                .store(stripe.values.load(Ordering::Relaxed) + n, Ordering::Relaxed);
-            stripe.record_bytes.store(
-                stripe.record_bytes.load(Ordering::Relaxed) + new.bytes() - old.bytes(),
-                Ordering::Relaxed,
-            );
+            stripe.account(n as isize, new.bytes() as isize - old.bytes() as isize);
             self.bump();
             Self::retire_record(old);
             return Ok(Some(Group {
@@ -457,13 +465,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let new = RecordPtr::<V>::build(n, (0..n).map(|i| (ids(i), next())));
         st.next_seq += n as u64;
         Self::publish(slot, new.into_raw());
-        stripe
-            .values
-            .store(stripe.values.load(Ordering::Relaxed) + n, Ordering::Relaxed);
-        stripe.record_bytes.store(
-            stripe.record_bytes.load(Ordering::Relaxed) + new.bytes(),
-            Ordering::Relaxed,
-        );
+        stripe.account(n as isize, new.bytes() as isize);
         self.bump();
         Ok(Some(Group {
             first,
@@ -509,14 +511,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             Self::publish(slot, new.into_raw());
             new.bytes()
         };
-        stripe.values.store(
-            stripe.values.load(Ordering::Relaxed) - gone,
-            Ordering::Relaxed,
-        );
-        stripe.record_bytes.store(
-            stripe.record_bytes.load(Ordering::Relaxed) + new_bytes - old.bytes(),
-            Ordering::Relaxed,
-        );
+        stripe.account(-(gone as isize), new_bytes as isize - old.bytes() as isize);
         drop(st);
         self.bump();
         Ok(old)
@@ -555,13 +550,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         Self::publish(slot, ptr::null_mut());
         self.addrs.fetch_sub(1, Ordering::Relaxed);
         let n = old.len();
-        stripe
-            .values
-            .store(stripe.values.load(Ordering::Relaxed) - n, Ordering::Relaxed);
-        stripe.record_bytes.store(
-            stripe.record_bytes.load(Ordering::Relaxed) - old.bytes(),
-            Ordering::Relaxed,
-        );
+        stripe.account(-(n as isize), -(old.bytes() as isize));
         drop(st);
         drop(guard);
         self.bump();
