@@ -199,11 +199,12 @@ fn never_stale_under_churn() {
     }
     std::thread::sleep(Duration::from_millis(ms));
     stop.store(true, Ordering::Relaxed);
+    // Under miri the run is too short to be sure every thread got a turn.
     for w in writers {
-        assert!(w.join().unwrap() > 0);
+        assert!(w.join().unwrap() > 0 || cfg!(miri));
     }
     for r in readers {
-        assert!(r.join().unwrap() > 0);
+        assert!(r.join().unwrap() > 0 || cfg!(miri));
     }
     let s = index.hit_cache_stats().unwrap();
     assert!(s.hits + s.misses + s.bypassed > 0);
