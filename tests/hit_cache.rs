@@ -207,6 +207,6 @@ fn never_stale_under_churn() {
         assert!(r.join().unwrap() > 0 || cfg!(miri));
     }
     let s = index.hit_cache_stats().unwrap();
-    assert!(s.hits + s.misses + s.bypassed > 0);
+    assert!(s.hits + s.misses + s.bypassed > 0 || cfg!(miri));
     println!("hit cache under churn: {s:?}");
 }
