@@ -14,8 +14,10 @@
 //! `epoch << NEST_BITS | nesting`. `nesting == 0` means the thread is
 //! outside any read-side critical section (quiescent).
 //!
-//! * **enter** (outermost): `ctr = gp` (one load, one plain store: nesting
-//!   becomes 1 and the epoch is the current one), then a *compiler* fence
+//! * **enter** (outermost): `ctr = gp` (one load, one `Release` store — a
+//!   plain store on x86: nesting becomes 1 and the epoch is the current one;
+//!   Release so that a scan which reads the new epoch is ordered after the
+//!   thread's earlier sections), then a *compiler* fence
 //!   (asymmetric mode) or a `SeqCst` fence (symmetric mode, flagged by
 //!   [`SYMMETRIC_BIT`] in the `gp` value just loaded).
 //!   **enter** (nested): `ctr = ctr + 1`.
@@ -115,7 +117,13 @@ impl Record {
             // `synchronize`; a reader that sees that epoch sees everything
             // the updater stored before calling `synchronize`.
             let g = gp.load(Ordering::Acquire);
-            self.ctr.store(g, Ordering::Relaxed);
+            // Release (a plain store on x86): a grace period that skips this
+            // record because it reads the new epoch here must still be
+            // ordered after this thread's *previous* sections; C++20 release
+            // sequences no longer extend over later plain stores of the same
+            // thread, so the exit store's Release alone would not carry that
+            // edge (miri reported the race).
+            self.ctr.store(g, Ordering::Release);
             if cfg!(fprobe_canary) {
                 // Deliberately broken build (`--cfg fprobe_canary`): no
                 // fence at all, so the checkers must report a reader that
@@ -134,7 +142,8 @@ impl Record {
             if v & NEST_MASK == NEST_MASK {
                 nesting_overflow();
             }
-            self.ctr.store(v + 1, Ordering::Relaxed);
+            // Release: as for the outermost store above.
+            self.ctr.store(v + 1, Ordering::Release);
         }
     }
 
