@@ -483,6 +483,41 @@ mod loom_tests {
         });
     }
 
+    /// A reader whose *earlier* section used the old object, and whose next
+    /// section already shows the new epoch when the grace period scans it:
+    /// the reclaimer's write to the object must still happen after the read
+    /// (the object is a loom cell, so loom reports any unordered access).
+    #[test]
+    fn earlier_section_is_ordered_before_reclaim() {
+        loom::model(|| {
+            let domain = Arc::new(Domain::new(FenceMode::Symmetric));
+            let current = Arc::new(AtomicUsize::new(0));
+            let objects = Arc::new([crate::sync::UnsafeCell::new(1u64), crate::sync::UnsafeCell::new(2u64)]);
+            let (d, c, o) = (domain.clone(), current.clone(), objects.clone());
+            let reader = loom::thread::spawn(move || {
+                let rec = d.register();
+                for _ in 0..2 {
+                    rec.enter(&d.gp);
+                    let i = c.load(Ordering::Acquire);
+                    // SAFETY: (model) a shared read of the object this
+                    // section loaded; loom checks it against the "free".
+                    let _ = o[i].with(|p| unsafe { *p });
+                    rec.exit();
+                }
+            });
+            let writer = loom::thread::spawn(move || {
+                current.store(1, Ordering::Release);
+                domain.synchronize();
+                // "Free" object 0: an exclusive write.
+                // SAFETY: (model) the grace period has ended every reader of
+                // object 0, which is what loom checks.
+                objects[0].with_mut(|p| unsafe { *p = 0 });
+            });
+            reader.join().unwrap();
+            writer.join().unwrap();
+        });
+    }
+
     /// After `synchronize` returns, a reader that starts afterwards sees the
     /// new object, never the reclaimed one.
     #[test]
