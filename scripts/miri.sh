@@ -17,16 +17,7 @@ if ! cargo +nightly miri setup >/tmp/miri-setup.log 2>&1; then
   exit 0
 fi
 # ignore-leaks: the RCU reclaimer thread lives for the whole process.
-# disable-weak-memory-emulation: with it, miri reported a data race between
-# a reader and the reclaimer (tests/rcu.rs, seed 2, tests run concurrently)
-# that the C++20 model forbids: the symmetric-fence RCU relies on two SeqCst
-# fences forbidding store buffering (the reader cannot load the old pointer
-# once the scan missed its store), and miri's weak-memory emulation does not
-# give SeqCst fences that strength. That ordering is checked by the loom
-# models (src/rcu/raw.rs, whose fence-less canary loom catches); miri keeps
-# checking data races, provenance and UB under sequentially consistent
-# interleavings.
-base="-Zmiri-strict-provenance -Zmiri-disable-isolation -Zmiri-ignore-leaks -Zmiri-disable-weak-memory-emulation"
+base="-Zmiri-strict-provenance -Zmiri-disable-isolation -Zmiri-ignore-leaks"
 export FPROBE_STRESS_MS=20 PROPTEST_CASES=4
 status=0
 # The RCU under several schedules (seeds); the rest under one.
@@ -35,7 +26,7 @@ run() { # run MIRIFLAGS TEST-ARGS...
   echo "== miri ($flags): cargo miri test $*"
   MIRIFLAGS="$flags" timeout 1500 cargo +nightly miri test "$@" || status=1
 }
-run "$base -Zmiri-many-seeds=0..3" --test rcu
+run "$base -Zmiri-many-seeds=0..4" --test rcu
 # The resize-cycling reader test needs thousands of steps per cycle: too
 # slow under miri; every other index test (model, stress) runs.
 run "$base" --test index -- --skip readers_see_permanent_keys_through_resizes
