@@ -492,7 +492,10 @@ mod loom_tests {
         loom::model(|| {
             let domain = Arc::new(Domain::new(FenceMode::Symmetric));
             let current = Arc::new(AtomicUsize::new(0));
-            let objects = Arc::new([crate::sync::UnsafeCell::new(1u64), crate::sync::UnsafeCell::new(2u64)]);
+            let objects = Arc::new([
+                crate::sync::UnsafeCell::new(1u64),
+                crate::sync::UnsafeCell::new(2u64),
+            ]);
             let (d, c, o) = (domain.clone(), current.clone(), objects.clone());
             let reader = loom::thread::spawn(move || {
                 let rec = d.register();
