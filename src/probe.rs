@@ -442,11 +442,24 @@ impl Drop for Local {
     }
 }
 
+/// This thread's dispatch states, one per registry used, as raw pointers
+/// from `Box::into_raw`: `local()` hands out references into them while the
+/// vector may grow, and moving a `Box` would invalidate those (a unique
+/// retag), moving a raw pointer does not. Freed when the thread exits.
+struct Locals(Vec<*mut Local>);
+
+impl Drop for Locals {
+    fn drop(&mut self) {
+        for p in self.0.drain(..) {
+            // SAFETY: each pointer came from `Box::into_raw` in `local_slow`
+            // and is freed once, here, when no dispatch runs on the thread.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
+}
+
 std::thread_local! {
-    // Boxed: `local()` hands out references that must stay valid while the
-    // vector grows.
-    #[allow(clippy::vec_box)]
-    static LOCALS: UnsafeCell<Vec<Box<Local>>> = const { UnsafeCell::new(Vec::new()) };
+    static LOCALS: UnsafeCell<Locals> = const { UnsafeCell::new(Locals(Vec::new())) };
     static IGNORE_ALL: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -668,14 +681,14 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 // function and `local_slow`, never re-entrantly (no callbacks
                 // run while it is borrowed).
                 let v = unsafe { &*l.get() };
-                v.iter()
-                    .find(|x| x.registry == self.id)
-                    .map(|b| &**b as *const Local)
+                // SAFETY: live pointers from `Box::into_raw` (see `Locals`).
+                v.0.iter()
+                    .copied()
+                    .find(|&p| unsafe { (*p).registry } == self.id)
             })
             .ok()?;
         match found {
-            // SAFETY: boxed locals are freed only when the thread exits
-            // (the box's address is stable while the vector grows).
+            // SAFETY: freed only when the thread exits (see `Locals`).
             Some(p) => Some(unsafe { &*p }),
             None => Some(self.local_slow()),
         }
@@ -702,12 +715,12 @@ impl<C: Send + Sync + 'static> Registry<C> {
             stack: UnsafeCell::new(self.pool.register_thread()),
             counters,
         });
-        let p = &*local as *const Local;
+        let p = Box::into_raw(local);
         LOCALS.with(|l| {
             // SAFETY: as in `local`.
-            unsafe { &mut *l.get() }.push(local)
+            unsafe { &mut *l.get() }.0.push(p)
         });
-        // SAFETY: just pushed; lives until the thread exits.
+        // SAFETY: just pushed; lives until the thread exits (`Locals`).
         unsafe { &*p }
     }
 
