@@ -53,7 +53,10 @@ static GLOBAL: Counting = Counting;
 #[test]
 fn dispatch_does_not_allocate() {
     const CALLS: u64 = if cfg!(miri) { 50 } else { 100_000 };
-    let reg = Registry::<u64>::builder().capacity(50_000).build().unwrap();
+    let reg = Registry::<u64>::builder()
+        .capacity(if cfg!(miri) { 100 } else { 50_000 })
+        .build()
+        .unwrap();
     let exits = Arc::new(AtomicU64::new(0));
     let e2 = exits.clone();
     // An empty probe on 50,000 addresses plus a counting entry+exit probe
