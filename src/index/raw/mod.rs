@@ -568,6 +568,27 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         }
         let keys: Vec<u64> = items.iter().map(|(k, _)| *k).collect();
         let mut vals: Vec<Option<V>> = items.into_iter().map(|(_, v)| Some(v)).collect();
+        // Up-front capacity check, before presizing (a refused batch must not
+        // grow the table): fails before inserting anything unless concurrent
+        // writers race us (then the rollback below runs).
+        if let Some(max) = self.config.max_addresses {
+            let mut distinct = keys.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            let guard = rcu::read_lock();
+            let new_keys = distinct
+                .iter()
+                .filter(|&&k| self.lookup_raw(k).is_null())
+                .count();
+            drop(guard);
+            if self.addrs.load(Ordering::Relaxed) + new_keys > max {
+                let values = keys
+                    .into_iter()
+                    .zip(vals.into_iter().map(Option::unwrap))
+                    .collect();
+                return Err((Error::CapacityExceeded { max_addresses: max }, values));
+            }
+        }
         // Presize for every key being new (bulk registrations rarely repeat
         // an address; a batch that does only over-allocates), so the sort
         // below can order keys by their home slot in the final table.
@@ -594,7 +615,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             })
             .collect();
         packed.sort_unstable();
-        let order: Vec<(usize, usize, u64, usize)> = packed
+        let mut order: Vec<(usize, usize, u64, usize)> = packed
             .into_iter()
             .map(|p| {
                 let i = p as u64 as usize;
@@ -606,7 +627,6 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 )
             })
             .collect();
-        let mut order = order;
         let mut a = 0;
         while a < n {
             let b = a + order[a..]
@@ -618,31 +638,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             }
             a = b;
         }
-        let distinct = 1 + order.windows(2).filter(|w| w[0].2 != w[1].2).count();
-
-        // Up-front capacity check: fails before inserting anything unless
-        // concurrent writers race us (then the rollback below runs).
-        if let Some(max) = self.config.max_addresses {
-            let guard = rcu::read_lock();
-            let new_keys = distinct
-                - order
-                    .iter()
-                    .enumerate()
-                    .filter(|&(j, o)| j == 0 || order[j - 1].2 != o.2)
-                    .filter(|&(_, o)| !self.lookup_raw(o.2).is_null())
-                    .count();
-            drop(guard);
-            if self.addrs.load(Ordering::Relaxed) + new_keys > max {
-                let values = keys
-                    .into_iter()
-                    .zip(vals.into_iter().map(Option::unwrap))
-                    .collect();
-                return Err((Error::CapacityExceeded { max_addresses: max }, values));
-            }
-        }
         let mut ids = vec![0u64; n];
         // (key, start of its group in `order`)
-        let mut inserted: Vec<(u64, usize)> = Vec::with_capacity(distinct);
+        let mut inserted: Vec<(u64, usize)> = Vec::new();
         let mut j = 0;
         while j < n {
             // One stripe run: one read guard, one lock acquisition.
