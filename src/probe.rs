@@ -186,6 +186,25 @@ pub struct ProbeHandle {
     generation: u64,
 }
 
+impl ProbeHandle {
+    /// The handle as one non-zero integer, for FFI: the slot in the low 16
+    /// bits, the generation above (a slot's generation would need 2^47
+    /// register/unregister cycles to overflow the 48 bits).
+    pub fn to_bits(self) -> u64 {
+        (self.generation << 16) | u64::from(self.slot)
+    }
+
+    /// A handle from [`to_bits`](Self::to_bits). Any integer is accepted:
+    /// one that names no registered probe makes the registry's calls return
+    /// [`Error::NotFound`].
+    pub fn from_bits(bits: u64) -> Self {
+        Self {
+            slot: (bits & 0xFFFF) as u32,
+            generation: bits >> 16,
+        }
+    }
+}
+
 /// Misses by cause (the kernel's `nmissed`, split).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]

@@ -1,0 +1,162 @@
+//! The `-finstrument-functions` runtime.
+//!
+//! GCC and Clang, given `-finstrument-functions`, call
+//! `__cyg_profile_func_enter(fn, call_site)` on entry to every function of
+//! the instrumented code and `__cyg_profile_func_exit(fn, call_site)` on
+//! return. This module defines both on top of a registry: after
+//! [`fprobe_cyg_attach`], every instrumented call is dispatched through
+//! [`fprobe_on_entry`](crate::fprobe_on_entry) /
+//! [`fprobe_on_exit`](crate::fprobe_on_exit) with `addr = fn` and
+//! `ret_addr = call_site`, and the engine context is NULL.
+//!
+//! # Invariants
+//!
+//! * **Re-entrancy.** A thread-local flag is set for the duration of each
+//!   hook. A hook entered while the flag is set — an instrumented signal
+//!   handler that interrupted a hook, or instrumented code the dispatcher
+//!   itself reaches — returns at once, both at entry and at exit of that
+//!   nested function, so pairing is kept and the dispatcher never runs
+//!   inside itself. (The probe layer separately counts instrumented calls
+//!   made by *handlers* as recursion misses.)
+//! * **No allocation on the hit path.** After a thread's first hook (which
+//!   registers it with the RCU and the registry), a hook is: one load of
+//!   the attached registry, a thread-local flag, an RCU read-side section,
+//!   and the registry's dispatch, none of which allocate.
+//! * **Pairing across attach.** Calls entered before attach are not
+//!   dispatched at entry, and their exits find no frame to pop (the probe
+//!   layer ignores an exit with an empty frame stack): every function
+//!   entered after attach has returned by then, because calls nest.
+//! * **Attach once.** Detaching leaves the frames of calls in flight on
+//!   their threads' stacks for that registry, where a later attach would
+//!   mis-pair them; so a registry can be attached once, and attaching
+//!   again returns `FPROBE_E_BUSY` (create a new registry instead).
+//! * **Lifetime.** The attached registry is loaded inside the RCU read
+//!   section of the hook; [`fprobe_cyg_detach`] and registry destruction
+//!   unpublish it and wait for a grace period before anything is freed.
+
+use std::cell::Cell;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use fprobe::rcu;
+
+use crate::{FPROBE_E_BUSY, FPROBE_E_DESTROYED, FPROBE_E_NULL, FPROBE_OK, fprobe_registry};
+
+/// The registry the hooks dispatch to; null when detached.
+static ATTACHED: AtomicPtr<fprobe_registry> = AtomicPtr::new(std::ptr::null_mut());
+
+std::thread_local! {
+    /// Set while this thread runs a hook (const-initialised, no destructor:
+    /// usable at any point of a thread's life).
+    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Makes the hooks dispatch to `r`. Fails with [`FPROBE_E_BUSY`] if the
+/// runtime is attached already (to any registry) or `r` was attached
+/// before, [`FPROBE_E_NULL`], [`FPROBE_E_DESTROYED`]. Thread-safe.
+///
+/// # Safety
+///
+/// `r` is NULL or from [`fprobe_registry_new`](crate::fprobe_registry_new).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_cyg_attach(r: *mut fprobe_registry) -> c_int {
+    // SAFETY: NULL or a handle (never freed), by the contract.
+    let Some(h) = (unsafe { r.as_ref() }) else {
+        return FPROBE_E_NULL;
+    };
+    if h.inner.load(Ordering::Acquire).is_null() {
+        return FPROBE_E_DESTROYED;
+    }
+    if h.cyg_used.swap(true, Ordering::AcqRel) {
+        return FPROBE_E_BUSY;
+    }
+    // Release: a hook that loads `r` sees the registry's initialisation.
+    match ATTACHED.compare_exchange(
+        std::ptr::null_mut(),
+        r,
+        Ordering::Release,
+        Ordering::Relaxed,
+    ) {
+        Ok(_) => FPROBE_OK,
+        Err(_) => {
+            // Not used after all: it may be attached later.
+            h.cyg_used.store(false, Ordering::Release);
+            FPROBE_E_BUSY
+        }
+    }
+}
+
+/// Stops the hooks from dispatching and waits until no hook is inside the
+/// registry. Returns [`FPROBE_E_BUSY`] from inside a handler; detaching
+/// when nothing is attached is not an error. Thread-safe; blocks for an
+/// RCU grace period.
+#[unsafe(no_mangle)]
+pub extern "C" fn fprobe_cyg_detach() -> c_int {
+    if rcu::in_read_section() {
+        return FPROBE_E_BUSY;
+    }
+    ATTACHED.store(std::ptr::null_mut(), Ordering::Release);
+    rcu::synchronize();
+    FPROBE_OK
+}
+
+/// Detaches if `r` is the attached registry (registry destruction; the
+/// caller waits for the grace period).
+pub(crate) fn detach_registry(r: *mut fprobe_registry) {
+    let _ = ATTACHED.compare_exchange(r, std::ptr::null_mut(), Ordering::AcqRel, Ordering::Relaxed);
+}
+
+/// Runs `f` with the attached registry unless this thread is already in a
+/// hook or nothing is attached.
+#[inline(always)]
+fn hook(f: impl FnOnce(*mut fprobe_registry)) {
+    // Relaxed: a cheap filter; the pointer used is reloaded below.
+    if ATTACHED.load(Ordering::Relaxed).is_null() {
+        return;
+    }
+    let Ok(nested) = IN_HOOK.try_with(|c| c.replace(true)) else {
+        return;
+    };
+    if nested {
+        return;
+    }
+    {
+        let _guard = rcu::read_lock();
+        // Acquire: pairs with the Release of `fprobe_cyg_attach`.
+        let r = ATTACHED.load(Ordering::Acquire);
+        if !r.is_null() {
+            f(r);
+        }
+    }
+    IN_HOOK.with(|c| c.set(false));
+}
+
+/// The `-finstrument-functions` entry hook.
+///
+/// # Safety
+///
+/// Called by compiler-generated code with the function's address and its
+/// call site.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __cyg_profile_func_enter(this_fn: *mut c_void, call_site: *mut c_void) {
+    hook(|r| {
+        // SAFETY: `r` is attached, so not destroyed before a grace period
+        // after this read section.
+        unsafe {
+            crate::fprobe_on_entry(r, this_fn as u64, call_site as u64, std::ptr::null_mut())
+        };
+    });
+}
+
+/// The `-finstrument-functions` exit hook.
+///
+/// # Safety
+///
+/// As [`__cyg_profile_func_enter`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __cyg_profile_func_exit(_this_fn: *mut c_void, call_site: *mut c_void) {
+    hook(|r| {
+        // SAFETY: as in `__cyg_profile_func_enter`.
+        unsafe { crate::fprobe_on_exit(r, call_site as u64, std::ptr::null_mut()) };
+    });
+}

@@ -1,0 +1,712 @@
+//! The C ABI of fprobe.
+//!
+//! A C or C++ instrumentation engine creates a registry, registers probes
+//! (C function pointers for entry and exit) on arrays of addresses, and
+//! calls [`fprobe_on_entry`] / [`fprobe_on_exit`] from its hooks, or lets
+//! the `-finstrument-functions` runtime in [`cyg`] do that for it. The
+//! header `include/fprobe.h` is generated from this file by cbindgen
+//! (`tests/header.rs` fails when it is stale; `FPROBE_BLESS=1 cargo test -p
+//! fprobe-capi --test header` rewrites it).
+//!
+//! # Conventions
+//!
+//! * Every function returns an `int` status: [`FPROBE_OK`] (0) or a
+//!   negative `FPROBE_E_*` code; [`fprobe_strerror`] names it. Outputs go
+//!   through pointer arguments, written only on success.
+//! * Bad input is an error code, never a crash and never a change of state:
+//!   a null pointer argument is [`FPROBE_E_NULL`], an unknown or
+//!   unregistered probe handle [`FPROBE_E_NOT_FOUND`], a destroyed registry
+//!   [`FPROBE_E_DESTROYED`]. (A pointer that was never a registry, or a
+//!   dangling pointer into freed memory, cannot be detected: that is
+//!   undefined behaviour, as for any C library.)
+//! * Every function is thread-safe: any thread may call any function on the
+//!   same registry at any time, including [`fprobe_registry_destroy`] while
+//!   other threads dispatch (they get [`FPROBE_E_DESTROYED`] afterwards).
+//! * Handlers run on whichever thread hit the probe, possibly on several
+//!   threads at once, inside an RCU read-side section: they must be
+//!   thread-safe, must not unwind (C++ exceptions, `longjmp`) out of the
+//!   handler, and must not call [`fprobe_unregister`] or
+//!   [`fprobe_registry_destroy`] (those return [`FPROBE_E_BUSY`] there).
+//!   A handler that calls a probed function does not recurse into probes:
+//!   that hit is counted as a recursion miss.
+//!
+//! # Lifetime of a registry
+//!
+//! [`fprobe_registry_destroy`] unpublishes the registry, waits an RCU
+//! grace period (every dispatch already inside it finishes) and frees it.
+//! The 24-byte handle itself is kept as a tombstone so that later calls
+//! through a stale pointer return [`FPROBE_E_DESTROYED`] instead of reading
+//! freed memory; registries are created a handful of times per process, so
+//! the tombstones are bounded by that.
+//!
+//! # Why the hot path takes no reference count
+//!
+//! [`fprobe_on_entry`] and [`fprobe_on_exit`] load the registry pointer
+//! inside an RCU read-side section (a thread-local store, about a
+//! nanosecond) and use it for the duration of the section; destroy waits
+//! for a grace period after unpublishing, so the registry outlives every
+//! such section. Control operations (register, unregister, stats) must
+//! wait for grace periods themselves, which they cannot do inside a read
+//! section, so they take an `Arc` reference (one atomic increment) instead.
+
+#![allow(non_camel_case_types)]
+
+use std::ffi::{c_char, c_int, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+
+use fprobe::Error;
+use fprobe::probe::{EntryAction, Fprobe, ProbeHandle, Registry};
+use fprobe::rcu;
+
+#[cfg(feature = "cyg")]
+pub mod cyg;
+#[cfg(feature = "cyg")]
+pub use cyg::{fprobe_cyg_attach, fprobe_cyg_detach};
+
+/// Success.
+pub const FPROBE_OK: c_int = 0;
+/// A required pointer argument was null.
+pub const FPROBE_E_NULL: c_int = -1;
+/// The probe handle names no registered probe of this registry (never
+/// returned by it, already unregistered, or from another registry).
+pub const FPROBE_E_NOT_FOUND: c_int = -2;
+/// No room: `max_probes` probes are registered already, or the address
+/// index is full.
+pub const FPROBE_E_CAPACITY: c_int = -3;
+/// An argument or configuration value is out of range (the probe has no
+/// handler, its `data_size` exceeds the registry's, `max_probes` is not in
+/// 1..=65536, ...).
+pub const FPROBE_E_INVALID: c_int = -4;
+/// The registry was destroyed.
+pub const FPROBE_E_DESTROYED: c_int = -5;
+/// The call would wait for itself: `fprobe_unregister` or
+/// `fprobe_registry_destroy` from inside a handler, or the
+/// `-finstrument-functions` runtime is attached to another registry (or was
+/// attached to this one before).
+pub const FPROBE_E_BUSY: c_int = -6;
+/// An internal error was caught at the ABI boundary (a bug: please report).
+pub const FPROBE_E_INTERNAL: c_int = -7;
+
+/// Returned by an entry handler: do not call the exit handler for this
+/// call. Any other value (0 by convention) means "call it".
+pub const FPROBE_SKIP_EXIT: c_int = 1;
+
+/// An opaque registry: the address index, the probe slots and the return
+/// instances. Create with [`fprobe_registry_new`].
+pub struct fprobe_registry {
+    magic: AtomicU64,
+    /// `Arc::into_raw` of the registry; null once destroyed.
+    inner: AtomicPtr<Reg>,
+    /// Set when the `-finstrument-functions` runtime attaches; never reset
+    /// (see [`cyg`]).
+    cyg_used: AtomicBool,
+}
+
+const LIVE: u64 = 0x6670_726f_6265_5247;
+const DEAD: u64 = 0x6670_726f_6265_4444;
+
+/// The engine's context pointer, passed through to handlers untouched.
+#[derive(Clone, Copy)]
+struct EngineCtx(*mut c_void);
+
+// SAFETY: the pointer is only carried, never dereferenced, by this crate;
+// it is handed to the handlers of the thread that passed it.
+unsafe impl Send for EngineCtx {}
+// SAFETY: as above.
+unsafe impl Sync for EngineCtx {}
+
+type Reg = Registry<EngineCtx>;
+
+/// Registry settings. Zero in any field means its default.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct fprobe_config {
+    /// Most probes registered at once (default 256, at most 65536).
+    pub max_probes: usize,
+    /// Return instances shared by all threads (default 4096).
+    pub instances: usize,
+    /// Largest per-call data a probe may ask for, bytes (default 64).
+    pub data_size: usize,
+    /// Deepest return-instance stack per thread (default 64).
+    pub max_depth: usize,
+    /// Addresses to presize the index for (default 0: grows on demand).
+    pub capacity: usize,
+}
+
+/// What an entry handler sees.
+#[repr(C)]
+pub struct fprobe_entry_ctx {
+    /// The probed function's address.
+    pub addr: u64,
+    /// The return address (or call site) the engine passed.
+    pub ret_addr: u64,
+    /// The cookie given for this (probe, address) at registration.
+    pub cookie: u64,
+    /// The engine's context pointer, as passed to `fprobe_on_entry`.
+    pub engine_ctx: *mut c_void,
+    /// `data_size` bytes handed to the exit handler of this call; NULL when
+    /// the probe has no exit handler or no return instance was free. No
+    /// alignment is promised: use `memcpy`.
+    pub data: *mut c_void,
+    /// Bytes at `data` (0 when `data` is NULL).
+    pub data_size: usize,
+}
+
+/// What an exit handler sees.
+#[repr(C)]
+pub struct fprobe_exit_ctx {
+    /// The probed function's address.
+    pub addr: u64,
+    /// The return address the engine passed to `fprobe_on_exit`.
+    pub ret_addr: u64,
+    /// The cookie given for this (probe, address) at registration.
+    pub cookie: u64,
+    /// The engine's context pointer, as passed to `fprobe_on_exit`.
+    pub engine_ctx: *mut c_void,
+    /// The bytes the entry handler wrote (no alignment promised).
+    pub data: *const c_void,
+    /// Bytes at `data`.
+    pub data_size: usize,
+}
+
+/// An entry handler (NULL for none): `user` is the probe's `user`
+/// pointer. Returns 0 to have the exit handler called, [`FPROBE_SKIP_EXIT`]
+/// to skip it.
+pub type fprobe_entry_fn =
+    Option<unsafe extern "C" fn(user: *mut c_void, ctx: *mut fprobe_entry_ctx) -> c_int>;
+/// An exit handler (NULL for none).
+pub type fprobe_exit_fn =
+    Option<unsafe extern "C" fn(user: *mut c_void, ctx: *const fprobe_exit_ctx)>;
+/// Called once with the probe's `user` pointer when the probe is gone and
+/// no handler of it can run any more (NULL for none).
+pub type fprobe_release_fn = Option<unsafe extern "C" fn(user: *mut c_void)>;
+
+/// A probe definition, copied by [`fprobe_register`].
+#[repr(C)]
+pub struct fprobe_probe {
+    /// Entry handler, or NULL.
+    pub entry: fprobe_entry_fn,
+    /// Exit handler, or NULL. At least one of `entry` and `exit` is set.
+    pub exit: fprobe_exit_fn,
+    /// Called once with `user` after the probe is unregistered (or its
+    /// registry destroyed) and no handler of it can run any more, on an
+    /// unspecified thread; never called if registration fails (the caller
+    /// still owns `user` then). May be NULL.
+    pub release: fprobe_release_fn,
+    /// Passed to every handler; shared by all threads.
+    pub user: *mut c_void,
+    /// Bytes of per-call data from entry to exit (at most the registry's
+    /// `data_size`; 0 for none).
+    pub data_size: usize,
+}
+
+/// A probe's counters, summed over threads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct fprobe_stats {
+    /// Entry hits that ran the probe.
+    pub hits: u64,
+    /// Exit handlers run.
+    pub exits: u64,
+    /// Hits skipped because the thread was already inside a handler.
+    pub missed_recursion: u64,
+    /// Exit handlers skipped: no free return instance.
+    pub missed_pool_exhausted: u64,
+    /// Exit handlers skipped: the thread's return stack was full.
+    pub missed_depth: u64,
+    /// Hits while the probe was disabled.
+    pub missed_disabled: u64,
+}
+
+/// The probe's `user` pointer and release callback, shared by its
+/// handlers; calls `release` when the last handler closure is dropped.
+struct User {
+    user: *mut c_void,
+    release: fprobe_release_fn,
+    /// Set once registration succeeded: a failed registration leaves
+    /// `user` with the caller.
+    armed: AtomicBool,
+}
+
+// SAFETY: `fprobe_probe::user` is documented as shared by all threads; the
+// crate only passes it back to the caller's handlers and release function.
+unsafe impl Send for User {}
+// SAFETY: as above.
+unsafe impl Sync for User {}
+
+impl Drop for User {
+    fn drop(&mut self) {
+        if let Some(release) = self.release {
+            if self.armed.load(Ordering::Acquire) {
+                // SAFETY: the caller's function, given its own pointer, once.
+                unsafe { release(self.user) };
+            }
+        }
+    }
+}
+
+fn code(e: Error) -> c_int {
+    match e {
+        Error::NotFound => FPROBE_E_NOT_FOUND,
+        Error::CapacityExceeded { .. } => FPROBE_E_CAPACITY,
+        Error::InvalidConfig(_) => FPROBE_E_INVALID,
+        _ => FPROBE_E_INTERNAL,
+    }
+}
+
+/// Runs `f` with panics caught (unwinding into C is undefined behaviour).
+fn ffi(f: impl FnOnce() -> Result<(), c_int>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => FPROBE_OK,
+        Ok(Err(c)) => c,
+        Err(_) => FPROBE_E_INTERNAL,
+    }
+}
+
+/// A counted reference to a live registry, for control operations.
+///
+/// # Safety
+///
+/// `r` is null or a pointer returned by [`fprobe_registry_new`].
+unsafe fn control(r: *const fprobe_registry) -> Result<Arc<Reg>, c_int> {
+    // SAFETY: null or a handle from `fprobe_registry_new` (kept forever).
+    let r = unsafe { r.as_ref() }.ok_or(FPROBE_E_NULL)?;
+    if r.magic.load(Ordering::Acquire) != LIVE {
+        return Err(FPROBE_E_DESTROYED);
+    }
+    let _guard = rcu::read_lock();
+    // Acquire: pairs with the Release store of `fprobe_registry_new`.
+    let p = r.inner.load(Ordering::Acquire);
+    if p.is_null() {
+        return Err(FPROBE_E_DESTROYED);
+    }
+    // SAFETY: `p` came from `Arc::into_raw`; destroy nulls `inner`, waits a
+    // grace period and only then drops its reference, so the count is
+    // still positive inside this read section.
+    unsafe {
+        Arc::increment_strong_count(p);
+        Ok(Arc::from_raw(p))
+    }
+}
+
+/// Creates a registry. `config` may be NULL (all defaults).
+///
+/// Returns [`FPROBE_E_NULL`] if `out` is NULL, [`FPROBE_E_INVALID`] for an
+/// out-of-range setting. Thread-safe.
+///
+/// # Safety
+///
+/// `config` is NULL or points to a valid `fprobe_config`; `out` is NULL or
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_registry_new(
+    config: *const fprobe_config,
+    out: *mut *mut fprobe_registry,
+) -> c_int {
+    ffi(|| {
+        if out.is_null() {
+            return Err(FPROBE_E_NULL);
+        }
+        // SAFETY: NULL or valid, by the contract.
+        let c = unsafe { config.as_ref() }.copied().unwrap_or_default();
+        let mut b = Registry::<EngineCtx>::builder();
+        if c.max_probes != 0 {
+            b = b.max_probes(c.max_probes);
+        }
+        if c.instances != 0 {
+            b = b.instances(c.instances);
+        }
+        if c.data_size != 0 {
+            b = b.data_size(c.data_size);
+        }
+        if c.max_depth != 0 {
+            b = b.max_depth(c.max_depth);
+        }
+        if c.capacity != 0 {
+            b = b.capacity(c.capacity);
+        }
+        let reg = b.build().map_err(code)?;
+        let handle = Box::new(fprobe_registry {
+            magic: AtomicU64::new(LIVE),
+            inner: AtomicPtr::new(Arc::into_raw(Arc::new(reg)).cast_mut()),
+            cyg_used: AtomicBool::new(false),
+        });
+        // SAFETY: checked non-null; writable by the contract.
+        unsafe { *out = Box::into_raw(handle) };
+        Ok(())
+    })
+}
+
+/// Destroys a registry: detaches the `-finstrument-functions` runtime if
+/// it uses this registry, waits for dispatches in progress to finish, and
+/// frees everything; release callbacks of the probes still registered run
+/// (possibly on another thread, after this returns). Later calls with `r`
+/// return [`FPROBE_E_DESTROYED`].
+///
+/// Returns [`FPROBE_E_NULL`], [`FPROBE_E_DESTROYED`] (already destroyed)
+/// or [`FPROBE_E_BUSY`] (called from a handler). Thread-safe; blocks for an
+/// RCU grace period.
+///
+/// # Safety
+///
+/// `r` is NULL or a pointer from [`fprobe_registry_new`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_registry_destroy(r: *mut fprobe_registry) -> c_int {
+    ffi(|| {
+        // SAFETY: NULL or a handle (never freed), by the contract.
+        let h = unsafe { r.as_ref() }.ok_or(FPROBE_E_NULL)?;
+        if rcu::in_read_section() {
+            return Err(FPROBE_E_BUSY);
+        }
+        h.magic
+            .compare_exchange(LIVE, DEAD, Ordering::AcqRel, Ordering::Acquire)
+            .map_err(|_| FPROBE_E_DESTROYED)?;
+        #[cfg(feature = "cyg")]
+        cyg::detach_registry(r);
+        let p = h.inner.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        // Every read section that could have loaded `p` ends.
+        rcu::synchronize();
+        if !p.is_null() {
+            // SAFETY: from `Arc::into_raw`, unpublished above, released once
+            // (the magic compare-exchange admits one destroyer).
+            drop(unsafe { Arc::from_raw(p) });
+        }
+        Ok(())
+    })
+}
+
+/// Registers `probe` on `n` addresses, all or nothing, with per-address
+/// cookies (`cookies` may be NULL: all zero). The probe is enabled at once.
+/// Writes the probe's handle (never 0) to `*handle_out`.
+///
+/// Returns [`FPROBE_E_NULL`] (`r`, `probe` or `handle_out` NULL, or
+/// `addrs` NULL with `n > 0`), [`FPROBE_E_INVALID`] (no handler, or
+/// `data_size` above the registry's), [`FPROBE_E_CAPACITY`],
+/// [`FPROBE_E_DESTROYED`]. On error nothing is registered and `user` stays
+/// the caller's (`release` is not called). Thread-safe; takes the
+/// registry's writer locks briefly; never blocks dispatch.
+///
+/// # Safety
+///
+/// `r` is NULL or from [`fprobe_registry_new`]; `probe` is NULL or valid;
+/// `addrs` (and `cookies` if not NULL) point to `n` readable `u64`s;
+/// `handle_out` is NULL or writable; the handlers follow the crate's
+/// handler rules (module docs).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_register(
+    r: *mut fprobe_registry,
+    probe: *const fprobe_probe,
+    addrs: *const u64,
+    cookies: *const u64,
+    n: usize,
+    handle_out: *mut u64,
+) -> c_int {
+    ffi(|| {
+        // SAFETY: NULL or valid, by the contract.
+        let p = unsafe { probe.as_ref() }.ok_or(FPROBE_E_NULL)?;
+        if handle_out.is_null() || (addrs.is_null() && n > 0) {
+            return Err(FPROBE_E_NULL);
+        }
+        if p.entry.is_none() && p.exit.is_none() {
+            return Err(FPROBE_E_INVALID);
+        }
+        // SAFETY: as above.
+        let reg = unsafe { control(r) }?;
+        let addrs: &[u64] = if n == 0 {
+            &[]
+        } else {
+            // SAFETY: `n` readable values, by the contract.
+            unsafe { std::slice::from_raw_parts(addrs, n) }
+        };
+        let cookies: Option<&[u64]> = if cookies.is_null() || n == 0 {
+            None
+        } else {
+            // SAFETY: as above.
+            Some(unsafe { std::slice::from_raw_parts(cookies, n) })
+        };
+        let user = Arc::new(User {
+            user: p.user,
+            release: p.release,
+            armed: AtomicBool::new(false),
+        });
+        let mut b = Fprobe::<EngineCtx>::builder().data_size(p.data_size);
+        if let Some(entry) = p.entry {
+            let u = user.clone();
+            b = b.entry(move |ec| {
+                let (data, data_size) = if ec.data.is_empty() {
+                    (std::ptr::null_mut(), 0)
+                } else {
+                    (ec.data.as_mut_ptr().cast::<c_void>(), ec.data.len())
+                };
+                let mut c = fprobe_entry_ctx {
+                    addr: ec.addr,
+                    ret_addr: ec.ret_addr,
+                    cookie: ec.cookie,
+                    engine_ctx: ec.ctx.0,
+                    data,
+                    data_size,
+                };
+                // SAFETY: the caller's handler with its own pointer and a
+                // context valid for the call.
+                if unsafe { entry(u.user, &mut c) } == FPROBE_SKIP_EXIT {
+                    EntryAction::SkipExit
+                } else {
+                    EntryAction::Continue
+                }
+            });
+        }
+        if let Some(exit) = p.exit {
+            let u = user.clone();
+            b = b.exit(move |xc| {
+                let c = fprobe_exit_ctx {
+                    addr: xc.addr,
+                    ret_addr: xc.ret_addr,
+                    cookie: xc.cookie,
+                    engine_ctx: xc.ctx.0,
+                    data: xc.data.as_ptr().cast::<c_void>(),
+                    data_size: xc.data.len(),
+                };
+                // SAFETY: as for the entry handler.
+                unsafe { exit(u.user, &c) };
+            });
+        }
+        let attach = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| (a, cookies.map_or(0, |c| c[i])));
+        let h = reg.register_with_cookies(b.build(), attach).map_err(code)?;
+        user.armed.store(true, Ordering::Release);
+        // SAFETY: checked non-null; writable by the contract.
+        unsafe { *handle_out = h.to_bits() };
+        Ok(())
+    })
+}
+
+/// Runs `f` on the live registry with the probe handle decoded.
+///
+/// # Safety
+///
+/// As [`control`].
+unsafe fn with_probe(
+    r: *const fprobe_registry,
+    handle: u64,
+    f: impl FnOnce(&Reg, ProbeHandle) -> Result<(), Error>,
+) -> c_int {
+    ffi(|| {
+        // SAFETY: forwarded contract.
+        let reg = unsafe { control(r) }?;
+        f(&reg, ProbeHandle::from_bits(handle)).map_err(code)
+    })
+}
+
+/// Detaches the probe from all its addresses. When it returns no handler of
+/// the probe is running or will run; calls in flight between entry and
+/// exit skip their exit handler. The release callback runs afterwards
+/// (possibly on another thread).
+///
+/// Returns [`FPROBE_E_NULL`], [`FPROBE_E_NOT_FOUND`] (unknown handle or
+/// already unregistered: nothing changes), [`FPROBE_E_DESTROYED`], or
+/// [`FPROBE_E_BUSY`] when called from a handler. Thread-safe; blocks for
+/// RCU grace periods.
+///
+/// # Safety
+///
+/// `r` is NULL or from [`fprobe_registry_new`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_unregister(r: *mut fprobe_registry, handle: u64) -> c_int {
+    if rcu::in_read_section() {
+        return FPROBE_E_BUSY;
+    }
+    // SAFETY: forwarded contract.
+    unsafe { with_probe(r, handle, |reg, h| reg.unregister(h)) }
+}
+
+/// Resumes a disabled probe. Returns [`FPROBE_E_NULL`],
+/// [`FPROBE_E_NOT_FOUND`] or [`FPROBE_E_DESTROYED`]. Thread-safe, never
+/// blocks.
+///
+/// # Safety
+///
+/// `r` is NULL or from [`fprobe_registry_new`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_enable(r: *mut fprobe_registry, handle: u64) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { with_probe(r, handle, |reg, h| reg.enable(h)) }
+}
+
+/// Stops running the probe's handlers (hits count as `missed_disabled`)
+/// without detaching it. Errors as [`fprobe_enable`]. Thread-safe, never
+/// blocks.
+///
+/// # Safety
+///
+/// `r` is NULL or from [`fprobe_registry_new`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_disable(r: *mut fprobe_registry, handle: u64) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { with_probe(r, handle, |reg, h| reg.disable(h)) }
+}
+
+/// Writes the probe's counters, summed over all threads, to `*out`.
+/// Counters of calls still running on other threads may or may not be
+/// included. Errors as [`fprobe_enable`] (and [`FPROBE_E_NULL`] for `out`).
+/// Thread-safe; takes the registry's bookkeeping lock briefly.
+///
+/// # Safety
+///
+/// `r` is NULL or from [`fprobe_registry_new`]; `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_probe_stats(
+    r: *mut fprobe_registry,
+    handle: u64,
+    out: *mut fprobe_stats,
+) -> c_int {
+    if out.is_null() {
+        return FPROBE_E_NULL;
+    }
+    // SAFETY: forwarded contract.
+    unsafe {
+        with_probe(r, handle, |reg, h| {
+            let s = reg.stats(h)?;
+            // SAFETY: checked non-null; writable by the contract.
+            *out = fprobe_stats {
+                hits: s.hits,
+                exits: s.exits,
+                missed_recursion: s.missed.recursion,
+                missed_pool_exhausted: s.missed.pool_exhausted,
+                missed_depth: s.missed.depth,
+                missed_disabled: s.missed.disabled,
+            };
+            Ok(())
+        })
+    }
+}
+
+/// Writes the number of addresses with at least one probe to `*out`.
+/// Errors: [`FPROBE_E_NULL`], [`FPROBE_E_DESTROYED`]. Thread-safe.
+///
+/// # Safety
+///
+/// `r` is NULL or from [`fprobe_registry_new`]; `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_registry_addresses(
+    r: *mut fprobe_registry,
+    out: *mut usize,
+) -> c_int {
+    ffi(|| {
+        if out.is_null() {
+            return Err(FPROBE_E_NULL);
+        }
+        // SAFETY: forwarded contract.
+        let reg = unsafe { control(r) }?;
+        // SAFETY: checked non-null; writable by the contract.
+        unsafe { *out = reg.addresses() };
+        Ok(())
+    })
+}
+
+/// Dispatches inside an RCU read-side section with the registry loaded.
+///
+/// # Safety
+///
+/// `r` is NULL or from [`fprobe_registry_new`].
+#[inline]
+unsafe fn dispatch(r: *const fprobe_registry, f: impl FnOnce(&Reg)) -> c_int {
+    // SAFETY: NULL or a handle (never freed), by the contract.
+    let Some(h) = (unsafe { r.as_ref() }) else {
+        return FPROBE_E_NULL;
+    };
+    let _guard = rcu::read_lock();
+    // Acquire: pairs with the Release store of `fprobe_registry_new`.
+    let p = h.inner.load(Ordering::Acquire);
+    // SAFETY: destroy unpublishes and waits a grace period before freeing,
+    // and this section began before any such grace period could end.
+    match unsafe { p.as_ref() } {
+        Some(reg) => {
+            f(reg);
+            FPROBE_OK
+        }
+        None => FPROBE_E_DESTROYED,
+    }
+}
+
+/// Function entry at `addr` (the engine's hook): runs the entry handlers of
+/// the probes attached there and reserves return instances for their exit
+/// handlers. Call [`fprobe_on_exit`] exactly once when this call returns,
+/// on the same thread, in LIFO order with other calls.
+///
+/// Returns [`FPROBE_OK`], [`FPROBE_E_NULL`] or [`FPROBE_E_DESTROYED`].
+/// Thread-safe; never blocks; allocates only on a thread's first call;
+/// async-signal-safe after that.
+///
+/// # Safety
+///
+/// `r` is NULL or from [`fprobe_registry_new`]; `ctx` is passed to handlers
+/// untouched.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_on_entry(
+    r: *mut fprobe_registry,
+    addr: u64,
+    ret_addr: u64,
+    ctx: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { dispatch(r, |reg| reg.on_entry(addr, ret_addr, &EngineCtx(ctx))) }
+}
+
+/// Function return: runs the exit handlers reserved by the matching
+/// [`fprobe_on_entry`], newest first. Errors and context as
+/// [`fprobe_on_entry`].
+///
+/// # Safety
+///
+/// As [`fprobe_on_entry`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_on_exit(
+    r: *mut fprobe_registry,
+    ret_addr: u64,
+    ctx: *mut c_void,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { dispatch(r, |reg| reg.on_exit(ret_addr, &EngineCtx(ctx))) }
+}
+
+/// Waits until every probe unregistered (or registry destroyed) before
+/// this call has been freed and its release callback has run. Returns
+/// [`FPROBE_E_BUSY`] from inside a handler. Blocks; thread-safe.
+#[unsafe(no_mangle)]
+pub extern "C" fn fprobe_barrier() -> c_int {
+    if rcu::in_read_section() {
+        return FPROBE_E_BUSY;
+    }
+    ffi(|| {
+        rcu::barrier();
+        Ok(())
+    })
+}
+
+/// Makes every registry skip probes on the calling thread (non-zero) or
+/// not (zero): for an engine's own threads. Entry/exit pairing is kept.
+#[unsafe(no_mangle)]
+pub extern "C" fn fprobe_ignore_current_thread(ignore: c_int) {
+    fprobe::probe::ignore_current_thread(ignore != 0);
+}
+
+/// A static, NUL-terminated description of a status code.
+#[unsafe(no_mangle)]
+pub extern "C" fn fprobe_strerror(code: c_int) -> *const c_char {
+    let s: &'static [u8] = match code {
+        FPROBE_OK => b"success\0",
+        FPROBE_E_NULL => b"a required pointer argument is NULL\0",
+        FPROBE_E_NOT_FOUND => b"no such probe in this registry\0",
+        FPROBE_E_CAPACITY => b"no room for another probe or address\0",
+        FPROBE_E_INVALID => b"invalid argument or configuration\0",
+        FPROBE_E_DESTROYED => b"the registry was destroyed\0",
+        FPROBE_E_BUSY => b"not allowed here (inside a handler, or runtime attached elsewhere)\0",
+        FPROBE_E_INTERNAL => b"internal error\0",
+        _ => b"unknown status code\0",
+    };
+    s.as_ptr().cast()
+}

@@ -1,0 +1,284 @@
+//! The C ABI called as C would call it: every bad-input path returns its
+//! documented code and changes nothing; destroy is safe under concurrent
+//! dispatch; release callbacks run exactly once.
+
+use std::ffi::{CStr, c_int, c_void};
+use std::ptr::{null, null_mut};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+
+use fprobe_capi::*;
+
+fn new_registry() -> *mut fprobe_registry {
+    let mut r = null_mut();
+    // SAFETY: valid out pointer.
+    assert_eq!(unsafe { fprobe_registry_new(null(), &mut r) }, FPROBE_OK);
+    r
+}
+
+struct Counts {
+    entries: AtomicU64,
+    exits: AtomicU64,
+    released: AtomicU64,
+    /// Status of an `fprobe_unregister` attempted from inside a handler.
+    nested_rc: AtomicI32,
+    registry: AtomicU64,
+    handle: AtomicU64,
+}
+
+fn counts() -> Arc<Counts> {
+    Arc::new(Counts {
+        entries: AtomicU64::new(0),
+        exits: AtomicU64::new(0),
+        released: AtomicU64::new(0),
+        nested_rc: AtomicI32::new(1),
+        registry: AtomicU64::new(0),
+        handle: AtomicU64::new(0),
+    })
+}
+
+unsafe extern "C" fn on_entry(user: *mut c_void, ctx: *mut fprobe_entry_ctx) -> c_int {
+    // SAFETY: `user` is the `Counts` registered with the probe.
+    let c = unsafe { &*(user as *const Counts) };
+    c.entries.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: valid for the call.
+    let ctx = unsafe { &mut *ctx };
+    if !ctx.data.is_null() {
+        // SAFETY: `data_size` bytes, unaligned.
+        unsafe { ctx.data.cast::<u64>().write_unaligned(ctx.addr ^ 0x5a5a) };
+    }
+    let r = c.registry.load(Ordering::Relaxed);
+    if r != 0 {
+        // SAFETY: the registry under test.
+        let rc = unsafe {
+            fprobe_unregister(r as *mut fprobe_registry, c.handle.load(Ordering::Relaxed))
+        };
+        c.nested_rc.store(rc, Ordering::Relaxed);
+    }
+    0
+}
+
+unsafe extern "C" fn on_exit(user: *mut c_void, ctx: *const fprobe_exit_ctx) {
+    // SAFETY: as in `on_entry`.
+    let c = unsafe { &*(user as *const Counts) };
+    // SAFETY: valid for the call; 8 bytes written at entry.
+    let ctx = unsafe { &*ctx };
+    assert_eq!(ctx.data_size, 8);
+    // SAFETY: as above.
+    let v = unsafe { ctx.data.cast::<u64>().read_unaligned() };
+    assert_eq!(v, ctx.addr ^ 0x5a5a);
+    c.exits.fetch_add(1, Ordering::Relaxed);
+}
+
+unsafe extern "C" fn on_release(user: *mut c_void) {
+    // SAFETY: the `Arc<Counts>` leaked for the probe; reclaimed here, once.
+    let c = unsafe { Arc::from_raw(user as *const Counts) };
+    c.released.fetch_add(1, Ordering::Relaxed);
+}
+
+fn probe_for(c: &Arc<Counts>) -> fprobe_probe {
+    fprobe_probe {
+        entry: Some(on_entry),
+        exit: Some(on_exit),
+        release: Some(on_release),
+        user: Arc::into_raw(c.clone()) as *mut c_void,
+        data_size: 8,
+    }
+}
+
+#[test]
+fn null_pointers_are_errors() {
+    // SAFETY: every call below is a documented bad-input path.
+    unsafe {
+        assert_eq!(fprobe_registry_new(null(), null_mut()), FPROBE_E_NULL);
+        assert_eq!(fprobe_registry_destroy(null_mut()), FPROBE_E_NULL);
+        assert_eq!(fprobe_unregister(null_mut(), 1), FPROBE_E_NULL);
+        assert_eq!(fprobe_enable(null_mut(), 1), FPROBE_E_NULL);
+        assert_eq!(fprobe_on_entry(null_mut(), 1, 2, null_mut()), FPROBE_E_NULL);
+        assert_eq!(fprobe_on_exit(null_mut(), 2, null_mut()), FPROBE_E_NULL);
+        assert_eq!(fprobe_cyg_attach(null_mut()), FPROBE_E_NULL);
+        let r = new_registry();
+        let c = counts();
+        let p = probe_for(&c);
+        let mut h = 0;
+        assert_eq!(
+            fprobe_register(r, &p, null(), null(), 3, &mut h),
+            FPROBE_E_NULL
+        );
+        assert_eq!(
+            fprobe_register(r, &p, [1u64].as_ptr(), null(), 1, null_mut()),
+            FPROBE_E_NULL
+        );
+        assert_eq!(fprobe_probe_stats(r, 1, null_mut()), FPROBE_E_NULL);
+        assert_eq!(fprobe_registry_addresses(r, null_mut()), FPROBE_E_NULL);
+        let mut n = 9;
+        assert_eq!(fprobe_registry_addresses(r, &mut n), FPROBE_OK);
+        assert_eq!(n, 0, "failed registrations left nothing behind");
+        assert_eq!(fprobe_registry_destroy(r), FPROBE_OK);
+        assert_eq!(fprobe_barrier(), FPROBE_OK);
+        assert_eq!(
+            c.released.load(Ordering::Relaxed),
+            0,
+            "user stays the caller's"
+        );
+        drop(Arc::from_raw(p.user as *const Counts));
+    }
+}
+
+#[test]
+fn bad_config_and_probe_are_invalid() {
+    // SAFETY: documented bad-input paths.
+    unsafe {
+        let mut r = null_mut();
+        let cfg = fprobe_config {
+            max_probes: 100_000,
+            ..Default::default()
+        };
+        assert_eq!(fprobe_registry_new(&cfg, &mut r), FPROBE_E_INVALID);
+        assert!(r.is_null(), "no output on error");
+        let r = new_registry();
+        let c = counts();
+        let mut p = probe_for(&c);
+        p.data_size = 1 << 20;
+        let mut h = 0;
+        assert_eq!(
+            fprobe_register(r, &p, [1u64].as_ptr(), null(), 1, &mut h),
+            FPROBE_E_INVALID
+        );
+        assert_eq!(h, 0);
+        p.data_size = 8;
+        p.entry = None;
+        p.exit = None;
+        assert_eq!(
+            fprobe_register(r, &p, [1u64].as_ptr(), null(), 1, &mut h),
+            FPROBE_E_INVALID
+        );
+        assert_eq!(fprobe_registry_destroy(r), FPROBE_OK);
+        drop(Arc::from_raw(p.user as *const Counts));
+    }
+}
+
+#[test]
+fn capacity_is_reported() {
+    // SAFETY: valid arguments.
+    unsafe {
+        let mut r = null_mut();
+        let cfg = fprobe_config {
+            max_probes: 2,
+            ..Default::default()
+        };
+        assert_eq!(fprobe_registry_new(&cfg, &mut r), FPROBE_OK);
+        let c = counts();
+        let mut hs = Vec::new();
+        for i in 0..3u64 {
+            let p = probe_for(&c);
+            let mut h = 0;
+            let rc = fprobe_register(r, &p, [0x100 + i].as_ptr(), null(), 1, &mut h);
+            if i < 2 {
+                assert_eq!(rc, FPROBE_OK);
+                hs.push(h);
+            } else {
+                assert_eq!(rc, FPROBE_E_CAPACITY);
+                drop(Arc::from_raw(p.user as *const Counts));
+            }
+        }
+        // Unregistering frees a slot.
+        assert_eq!(fprobe_unregister(r, hs[0]), FPROBE_OK);
+        let p = probe_for(&c);
+        let mut h = 0;
+        assert_eq!(
+            fprobe_register(r, &p, [0x200].as_ptr(), null(), 1, &mut h),
+            FPROBE_OK
+        );
+        assert_ne!(h, hs[0], "a reused slot gets a new handle");
+        assert_eq!(fprobe_enable(r, hs[0]), FPROBE_E_NOT_FOUND);
+        assert_eq!(fprobe_registry_destroy(r), FPROBE_OK);
+        assert_eq!(fprobe_barrier(), FPROBE_OK);
+        assert_eq!(c.released.load(Ordering::Relaxed), 3);
+    }
+}
+
+#[test]
+fn dispatch_enable_disable_stats_and_nested_unregister() {
+    // SAFETY: valid arguments.
+    unsafe {
+        let r = new_registry();
+        let c = counts();
+        let p = probe_for(&c);
+        let addrs = [0x1000u64, 0x2000];
+        let mut h = 0;
+        assert_eq!(
+            fprobe_register(r, &p, addrs.as_ptr(), null(), 2, &mut h),
+            FPROBE_OK
+        );
+        assert_ne!(h, 0);
+        for a in [0x1000, 0x2000, 0x3000] {
+            assert_eq!(fprobe_on_entry(r, a, 7, null_mut()), FPROBE_OK);
+            assert_eq!(fprobe_on_exit(r, 7, null_mut()), FPROBE_OK);
+        }
+        assert_eq!(fprobe_disable(r, h), FPROBE_OK);
+        fprobe_on_entry(r, 0x1000, 7, null_mut());
+        fprobe_on_exit(r, 7, null_mut());
+        assert_eq!(fprobe_enable(r, h), FPROBE_OK);
+        let mut s = fprobe_stats::default();
+        assert_eq!(fprobe_probe_stats(r, h, &mut s), FPROBE_OK);
+        assert_eq!((s.hits, s.exits, s.missed_disabled), (2, 2, 1));
+        // A handler that tries to unregister gets BUSY and nothing changes.
+        c.registry.store(r as u64, Ordering::Relaxed);
+        c.handle.store(h, Ordering::Relaxed);
+        fprobe_on_entry(r, 0x1000, 7, null_mut());
+        fprobe_on_exit(r, 7, null_mut());
+        c.registry.store(0, Ordering::Relaxed);
+        assert_eq!(c.nested_rc.load(Ordering::Relaxed), FPROBE_E_BUSY);
+        assert_eq!(fprobe_probe_stats(r, h, &mut s), FPROBE_OK);
+        assert_eq!((s.hits, s.exits), (3, 3));
+        let msg = CStr::from_ptr(fprobe_strerror(FPROBE_E_BUSY));
+        assert!(!msg.to_bytes().is_empty());
+        assert_eq!(fprobe_registry_destroy(r), FPROBE_OK);
+        assert_eq!(fprobe_barrier(), FPROBE_OK);
+        assert_eq!(c.released.load(Ordering::Relaxed), 1);
+    }
+}
+
+#[test]
+fn destroy_while_threads_dispatch() {
+    let r = new_registry() as u64;
+    let c = counts();
+    let p = probe_for(&c);
+    let mut h = 0;
+    // SAFETY: valid arguments.
+    let rc = unsafe { fprobe_register(r as *mut _, &p, [0x42u64].as_ptr(), null(), 1, &mut h) };
+    assert_eq!(rc, FPROBE_OK);
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..3)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let r = r as *mut fprobe_registry;
+                let mut destroyed = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    // SAFETY: a registry handle (never freed).
+                    let a = unsafe { fprobe_on_entry(r, 0x42, 1, null_mut()) };
+                    // SAFETY: as above.
+                    let b = unsafe { fprobe_on_exit(r, 1, null_mut()) };
+                    for rc in [a, b] {
+                        assert!(rc == FPROBE_OK || rc == FPROBE_E_DESTROYED, "{rc}");
+                        destroyed += u64::from(rc == FPROBE_E_DESTROYED);
+                    }
+                }
+                destroyed
+            })
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    // SAFETY: the registry under test.
+    assert_eq!(unsafe { fprobe_registry_destroy(r as *mut _) }, FPROBE_OK);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        assert!(t.join().unwrap() > 0, "threads saw the destruction");
+    }
+    assert_eq!(fprobe_barrier(), FPROBE_OK);
+    assert_eq!(c.released.load(Ordering::Relaxed), 1);
+    assert!(c.entries.load(Ordering::Relaxed) > 0);
+}
