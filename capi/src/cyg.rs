@@ -107,9 +107,10 @@ pub(crate) fn detach_registry(r: *mut fprobe_registry) {
 }
 
 /// Runs `f` with the attached registry unless this thread is already in a
-/// hook or nothing is attached.
+/// hook or nothing is attached. One RCU read section covers both loads and
+/// the dispatch (the registry's own sections nest inside it for free).
 #[inline(always)]
-fn hook(f: impl FnOnce(*mut fprobe_registry)) {
+fn hook(f: impl FnOnce(&crate::Reg)) {
     // Relaxed: a cheap filter; the pointer used is reloaded below.
     if ATTACHED.load(Ordering::Relaxed).is_null() {
         return;
@@ -124,8 +125,16 @@ fn hook(f: impl FnOnce(*mut fprobe_registry)) {
         let _guard = rcu::read_lock();
         // Acquire: pairs with the Release of `fprobe_cyg_attach`.
         let r = ATTACHED.load(Ordering::Acquire);
-        if !r.is_null() {
-            f(r);
+        // SAFETY: an attached handle is live (handles are never freed).
+        if let Some(h) = unsafe { r.as_ref() } {
+            // Acquire: pairs with the Release store of `fprobe_registry_new`.
+            let p = h.inner.load(Ordering::Acquire);
+            // SAFETY: destroy detaches, unpublishes `inner` and waits a
+            // grace period before freeing; this section began before that
+            // grace period could end.
+            if let Some(reg) = unsafe { p.as_ref() } {
+                f(reg);
+            }
         }
     }
     IN_HOOK.with(|c| c.set(false));
@@ -139,13 +148,7 @@ fn hook(f: impl FnOnce(*mut fprobe_registry)) {
 /// call site.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __cyg_profile_func_enter(this_fn: *mut c_void, call_site: *mut c_void) {
-    hook(|r| {
-        // SAFETY: `r` is attached, so not destroyed before a grace period
-        // after this read section.
-        unsafe {
-            crate::fprobe_on_entry(r, this_fn as u64, call_site as u64, std::ptr::null_mut())
-        };
-    });
+    hook(|reg| reg.on_entry(this_fn as u64, call_site as u64, &NO_CTX));
 }
 
 /// The `-finstrument-functions` exit hook.
@@ -155,8 +158,8 @@ pub unsafe extern "C" fn __cyg_profile_func_enter(this_fn: *mut c_void, call_sit
 /// As [`__cyg_profile_func_enter`].
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __cyg_profile_func_exit(_this_fn: *mut c_void, call_site: *mut c_void) {
-    hook(|r| {
-        // SAFETY: as in `__cyg_profile_func_enter`.
-        unsafe { crate::fprobe_on_exit(r, call_site as u64, std::ptr::null_mut()) };
-    });
+    hook(|reg| reg.on_exit(call_site as u64, &NO_CTX));
 }
+
+/// The engine context of hooked calls: NULL.
+const NO_CTX: crate::EngineCtx = crate::EngineCtx(std::ptr::null_mut());

@@ -109,7 +109,7 @@ const DEAD: u64 = 0x6670_726f_6265_4444;
 
 /// The engine's context pointer, passed through to handlers untouched.
 #[derive(Clone, Copy)]
-struct EngineCtx(*mut c_void);
+pub(crate) struct EngineCtx(pub(crate) *mut c_void);
 
 // SAFETY: the pointer is only carried, never dereferenced, by this crate;
 // it is handed to the handlers of the thread that passed it.
@@ -117,7 +117,7 @@ unsafe impl Send for EngineCtx {}
 // SAFETY: as above.
 unsafe impl Sync for EngineCtx {}
 
-type Reg = Registry<EngineCtx>;
+pub(crate) type Reg = Registry<EngineCtx>;
 
 /// Registry settings. Zero in any field means its default.
 #[repr(C)]

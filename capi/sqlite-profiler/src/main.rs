@@ -1,0 +1,414 @@
+//! An example engine: an in-process function profiler on fprobe's C ABI.
+//!
+//! It loads SQLite built with `-finstrument-functions` (see `build.rs`),
+//! resolves every function symbol of that shared object from its own ELF
+//! symbol table, registers one probe (entry and exit handlers, 8 bytes of
+//! per-call data for the start time) on every one of them with the
+//! function's index as cookie, attaches the crate's `__cyg_profile_func_*`
+//! runtime, and runs a multi-threaded SQL workload. It prints a uftrace-like
+//! report and the overhead of the same workload, in the same run, on:
+//!
+//! * `plain`: SQLite built without instrumentation;
+//! * `instr, detached`: the instrumented build with the runtime detached
+//!   (the cost of the compiler's hooks alone);
+//! * `fprobe`: the instrumented build profiled through the crate;
+//! * `locked HashMap`: the same object file with its hooks bound to a
+//!   `Mutex<HashMap>` dispatcher (`baseline.rs`) calling the same handlers.
+//!
+//! ```text
+//! cargo run --release -p fprobe-sqlite-profiler -- [--rows N] [--threads 1,2] [--reps R] [--top K]
+//! ```
+
+mod baseline;
+mod prof;
+mod sqlite;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use fprobe_capi::*;
+use object::{Object, ObjectSymbol, SymbolKind};
+
+use prof::Stat;
+use sqlite::Lib;
+
+/// A function of the instrumented shared object.
+struct Func {
+    name: String,
+    addr: u64,
+}
+
+/// Every defined, sized function symbol of the shared object at `path`,
+/// one per address (aliases collapse to the first global name), at its
+/// load address: `bias` plus the symbol value.
+fn functions(path: &str, lib: &Lib) -> Vec<Func> {
+    let data = std::fs::read(path).expect("read the shared object");
+    let file = object::File::parse(&*data).expect("parse ELF");
+    let mut by_addr: HashMap<u64, (String, bool)> = HashMap::new();
+    let mut open_value = None;
+    for s in file.symbols() {
+        if s.kind() != SymbolKind::Text || !s.is_definition() || s.size() == 0 {
+            continue;
+        }
+        let Ok(name) = s.name() else { continue };
+        if name == "sqlite3_open" {
+            open_value = Some(s.address());
+        }
+        let global = s.is_global();
+        let e = by_addr
+            .entry(s.address())
+            .or_insert_with(|| (name.to_string(), global));
+        if global && !e.1 {
+            *e = (name.to_string(), true);
+        }
+    }
+    let value = open_value.expect("sqlite3_open in .symtab");
+    let bias = lib.sym("sqlite3_open") - value;
+    // A second symbol checks the bias.
+    let exec_value = file
+        .symbols()
+        .find(|s| s.name() == Ok("sqlite3_exec"))
+        .expect("sqlite3_exec")
+        .address();
+    assert_eq!(bias + exec_value, lib.sym("sqlite3_exec"), "load bias");
+    let mut v: Vec<Func> = by_addr
+        .into_iter()
+        .map(|(a, (name, _))| Func {
+            name,
+            addr: a + bias,
+        })
+        .collect();
+    v.sort_by_key(|f| f.addr);
+    v
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Plain,
+    Detached,
+    Fprobe,
+    LockedHashMap,
+}
+
+impl Mode {
+    const ALL: [Mode; 4] = [
+        Mode::Plain,
+        Mode::Detached,
+        Mode::Fprobe,
+        Mode::LockedHashMap,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Plain => "plain (not instrumented)",
+            Mode::Detached => "instr, runtime detached",
+            Mode::Fprobe => "instr, fprobe profiler",
+            Mode::LockedHashMap => "instr, locked-HashMap profiler",
+        }
+    }
+}
+
+struct Libs {
+    plain: Lib,
+    instr: Lib,
+    wrapped: Lib,
+    /// Load bias of `wrapped` minus that of `instr`: the same function is
+    /// at `addr + wrapped_shift` in the wrapped copy.
+    wrapped_shift: u64,
+}
+
+/// What one run produced.
+struct Run {
+    wall: Duration,
+    checksum: i64,
+    /// Per-function totals (profiled modes).
+    stats: Vec<Stat>,
+    /// The probe's counters (fprobe mode).
+    probe: Option<fprobe_stats>,
+    /// Registration time of all functions (fprobe mode).
+    register: Duration,
+}
+
+fn workload_threads(lib: &Lib, threads: usize, rows: i64) -> (Duration, i64) {
+    let t0 = Instant::now();
+    let sum = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|i| s.spawn(move || sqlite::workload(lib, 0x9E37_79B9 + i as u64, rows)))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap())
+            .fold(0i64, i64::wrapping_add)
+    });
+    (t0.elapsed(), sum)
+}
+
+fn run(libs: &Libs, funcs: &[Func], mode: Mode, threads: usize, rows: i64) -> Run {
+    let mut out = Run {
+        wall: Duration::ZERO,
+        checksum: 0,
+        stats: Vec::new(),
+        probe: None,
+        register: Duration::ZERO,
+    };
+    match mode {
+        Mode::Plain => (out.wall, out.checksum) = workload_threads(&libs.plain, threads, rows),
+        Mode::Detached => (out.wall, out.checksum) = workload_threads(&libs.instr, threads, rows),
+        Mode::Fprobe => {
+            let cfg = fprobe_config {
+                capacity: funcs.len(),
+                data_size: 8,
+                max_depth: 256,
+                instances: 16384,
+                ..Default::default()
+            };
+            let mut r = std::ptr::null_mut();
+            // SAFETY: valid pointers.
+            assert_eq!(unsafe { fprobe_registry_new(&cfg, &mut r) }, FPROBE_OK);
+            let addrs: Vec<u64> = funcs.iter().map(|f| f.addr).collect();
+            let cookies: Vec<u64> = (0..funcs.len() as u64).collect();
+            let probe = fprobe_probe {
+                entry: Some(prof::on_entry),
+                exit: Some(prof::on_exit),
+                release: None,
+                user: std::ptr::null_mut(),
+                data_size: 8,
+            };
+            let mut h = 0;
+            let t0 = Instant::now();
+            // SAFETY: `addrs` and `cookies` hold `len` values each.
+            let rc = unsafe {
+                fprobe_register(
+                    r,
+                    &probe,
+                    addrs.as_ptr(),
+                    cookies.as_ptr(),
+                    addrs.len(),
+                    &mut h,
+                )
+            };
+            out.register = t0.elapsed();
+            assert_eq!(rc, FPROBE_OK);
+            // SAFETY: a live registry.
+            assert_eq!(unsafe { fprobe_cyg_attach(r) }, FPROBE_OK);
+            (out.wall, out.checksum) = workload_threads(&libs.instr, threads, rows);
+            assert_eq!(fprobe_cyg_detach(), FPROBE_OK);
+            let mut s = fprobe_stats::default();
+            // SAFETY: a live registry and handle.
+            assert_eq!(unsafe { fprobe_probe_stats(r, h, &mut s) }, FPROBE_OK);
+            out.probe = Some(s);
+            // SAFETY: a live registry, destroyed once.
+            assert_eq!(unsafe { fprobe_registry_destroy(r) }, FPROBE_OK);
+            out.stats = prof::take_totals();
+        }
+        Mode::LockedHashMap => {
+            let mut map: HashMap<u64, Vec<baseline::Handler>> = HashMap::new();
+            for (i, f) in funcs.iter().enumerate() {
+                map.entry(f.addr.wrapping_add(libs.wrapped_shift))
+                    .or_default()
+                    .push(baseline::Handler {
+                        entry: Some(prof::on_entry),
+                        exit: Some(prof::on_exit),
+                        cookie: i as u64,
+                    });
+            }
+            baseline::install(map);
+            (out.wall, out.checksum) = workload_threads(&libs.wrapped, threads, rows);
+            baseline::uninstall();
+            out.stats = prof::take_totals();
+        }
+    }
+    out
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.parse().unwrap_or_else(|_| panic!("bad value for {name}")))
+        .unwrap_or(default)
+}
+
+fn report(funcs: &[Func], stats: &[Stat], ticks_per_ns: f64, top: usize) {
+    let mut idx: Vec<usize> = (0..stats.len()).filter(|&i| stats[i].calls > 0).collect();
+    idx.sort_by_key(|&i| std::cmp::Reverse(stats[i].calls));
+    let ms = |t: u64| t as f64 / ticks_per_ns / 1e6;
+    println!(
+        "  {:>12}  {:>12}  {:>12}  {:>10}  Function",
+        "Total (ms)", "Self (ms)", "Calls", "ns/call"
+    );
+    println!(
+        "  {:=>12}  {:=>12}  {:=>12}  {:=>10}  {:=<30}",
+        "", "", "", "", ""
+    );
+    for &i in idx.iter().take(top) {
+        let s = stats[i];
+        println!(
+            "  {:>12.2}  {:>12.2}  {:>12}  {:>10.1}  {}",
+            ms(s.total),
+            ms(s.self_),
+            s.calls,
+            s.total as f64 / ticks_per_ns / s.calls as f64,
+            funcs[i].name
+        );
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let rows: i64 = arg(&args, "--rows", 20_000);
+    let reps: usize = arg(&args, "--reps", 3).max(1);
+    let top: usize = arg(&args, "--top", 25);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let default_threads = if cores > 1 {
+        format!("1,{cores}")
+    } else {
+        "1".into()
+    };
+    let threads: Vec<usize> = arg(&args, "--threads", default_threads)
+        .split(',')
+        .map(|t| t.parse().expect("--threads: comma-separated counts"))
+        .collect();
+
+    // --modes plain,detached,fprobe,hashmap (default: all; for profiling
+    // one dispatcher at a time).
+    let modes: Vec<Mode> = arg(
+        &args,
+        "--modes",
+        "plain,detached,fprobe,hashmap".to_string(),
+    )
+    .split(',')
+    .map(|m| match m {
+        "plain" => Mode::Plain,
+        "detached" => Mode::Detached,
+        "fprobe" => Mode::Fprobe,
+        "hashmap" => Mode::LockedHashMap,
+        _ => panic!("--modes: plain, detached, fprobe, hashmap"),
+    })
+    .collect();
+    let mut libs = Libs {
+        plain: Lib::load(env!("FPROBE_SQLITE_PLAIN")),
+        instr: Lib::load(env!("FPROBE_SQLITE_INSTR")),
+        wrapped: Lib::load(env!("FPROBE_SQLITE_WRAPPED")),
+        wrapped_shift: 0,
+    };
+    // Same object file, so the same symbol values: the copies differ by
+    // their load bias only.
+    libs.wrapped_shift = libs
+        .wrapped
+        .sym("sqlite3_open")
+        .wrapping_sub(libs.instr.sym("sqlite3_open"));
+    assert_eq!(
+        libs.instr
+            .sym("sqlite3_exec")
+            .wrapping_add(libs.wrapped_shift),
+        libs.wrapped.sym("sqlite3_exec")
+    );
+    // Each copy initialises itself (sqlite3_initialize) on first use: do
+    // that outside the measured runs, with nothing attached.
+    for lib in [&libs.plain, &libs.instr, &libs.wrapped] {
+        sqlite::workload(lib, 1, 100);
+    }
+    let funcs = functions(&libs.instr.path, &libs.instr);
+    prof::NFUNCS.store(funcs.len(), std::sync::atomic::Ordering::Relaxed);
+    let tpn = prof::calibrate(100);
+    println!(
+        "SQLite amalgamation, {} functions probed (every sized function symbol of {})",
+        funcs.len(),
+        libs.instr.path.rsplit('/').next().unwrap()
+    );
+    println!(
+        "workload: per thread, {rows} rows inserted, an index, 200 range aggregates, 7 joins, an UPDATE, a LIKE scan; {reps} runs per cell, median; {cores} cores"
+    );
+
+    let mut last_fprobe: Option<Run> = None;
+    let mut last_map_calls = 0u64;
+    for &t in &threads {
+        let mut walls: HashMap<&'static str, Vec<f64>> = HashMap::new();
+        let mut checksum = None;
+        let mut calls = 0u64;
+        let mut reg_ms = Vec::new();
+        for _ in 0..reps {
+            for mode in Mode::ALL {
+                if !modes.contains(&mode) {
+                    continue;
+                }
+                let r = run(&libs, &funcs, mode, t, rows);
+                match checksum {
+                    None => checksum = Some(r.checksum),
+                    Some(c) => assert_eq!(c, r.checksum, "{mode:?}: same results"),
+                }
+                walls
+                    .entry(mode.name())
+                    .or_default()
+                    .push(r.wall.as_secs_f64());
+                if mode == Mode::Fprobe {
+                    calls = r.stats.iter().map(|s| s.calls).sum();
+                    let p = r.probe.expect("probe stats");
+                    assert_eq!(p.hits, calls, "every call reached the handler once");
+                    reg_ms.push(r.register.as_secs_f64() * 1e3);
+                    last_fprobe = Some(r);
+                } else if mode == Mode::LockedHashMap {
+                    last_map_calls = r.stats.iter().map(|s| s.calls).sum();
+                    if modes.contains(&Mode::Fprobe) {
+                        assert_eq!(last_map_calls, calls, "both dispatchers saw every call");
+                    }
+                }
+            }
+        }
+        let mut med = |m: Mode| walls.get_mut(m.name()).map_or(f64::NAN, |v| median(v));
+        let plain = med(Mode::Plain);
+        let map = med(Mode::LockedHashMap);
+        println!();
+        println!(
+            "threads: {t}; probed calls per run: {calls} (locked-HashMap run: {last_map_calls}); register {} functions: {:.2} ms (median)",
+            funcs.len(),
+            median(&mut reg_ms)
+        );
+        println!(
+            "  {:<32} {:>10} {:>11} {:>13} {:>12}",
+            "build / dispatcher", "wall (ms)", "vs plain", "ns/call extra", "vs HashMap"
+        );
+        for mode in Mode::ALL {
+            let w = med(mode);
+            let per_call = if matches!(mode, Mode::Plain) || calls == 0 {
+                "-".to_string()
+            } else {
+                // Extra wall time per probed call, per thread.
+                format!("{:.1}", (w - plain) * 1e9 * t as f64 / calls as f64)
+            };
+            println!(
+                "  {:<32} {:>10.1} {:>10.2}x {:>13} {:>11.2}x",
+                mode.name(),
+                w * 1e3,
+                w / plain,
+                per_call,
+                w / map
+            );
+        }
+    }
+
+    if let Some(r) = last_fprobe {
+        let p = r.probe.unwrap();
+        println!();
+        println!(
+            "probe counters (last fprobe run): hits {}, exits {}, missed: recursion {}, pool exhausted {}, depth {}, disabled {}",
+            p.hits,
+            p.exits,
+            p.missed_recursion,
+            p.missed_pool_exhausted,
+            p.missed_depth,
+            p.missed_disabled
+        );
+        let hit = r.stats.iter().filter(|s| s.calls > 0).count();
+        println!(
+            "profile (last fprobe run): {hit} of {} probed functions called; top {top} by calls:",
+            funcs.len()
+        );
+        report(&funcs, &r.stats, tpn, top);
+    }
+}
