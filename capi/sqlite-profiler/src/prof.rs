@@ -141,3 +141,20 @@ pub unsafe extern "C" fn on_exit(_user: *mut c_void, ctx: *const fprobe_exit_ctx
         }
     });
 }
+
+/// Entry handler that does nothing but ask for the exit (for measuring
+/// dispatch alone).
+///
+/// # Safety
+///
+/// Any context.
+pub unsafe extern "C" fn noop_entry(_user: *mut c_void, _ctx: *mut fprobe_entry_ctx) -> c_int {
+    0
+}
+
+/// Exit handler that does nothing.
+///
+/// # Safety
+///
+/// Any context.
+pub unsafe extern "C" fn noop_exit(_user: *mut c_void, _ctx: *const fprobe_exit_ctx) {}
