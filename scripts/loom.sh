@@ -11,16 +11,16 @@ export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
 status=0
 echo "== loom: models (LOOM_MAX_PREEMPTIONS=$LOOM_MAX_PREEMPTIONS)"
 if RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-    timeout 1200 cargo test --release --lib loom -- --test-threads=1 &&
+    timeout 1200 cargo test -p fprobe --release --lib loom -- --test-threads=1 &&
    RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-    timeout 1200 cargo test --release --test loom_objpool -- --test-threads=1; then
+    timeout 1200 cargo test -p fprobe --release --test loom_objpool -- --test-threads=1; then
   echo "loom models: PASSED"
 else
   echo "loom models: FAILED"; status=1
 fi
 echo "== loom: canary (must fail)"
 if RUSTFLAGS="--cfg loom --cfg fprobe_canary" CARGO_TARGET_DIR=target/loom-canary \
-    timeout 1200 cargo test --release --lib loom -- --test-threads=1 >target/loom-canary.log 2>&1; then
+    timeout 1200 cargo test -p fprobe --release --lib loom -- --test-threads=1 >target/loom-canary.log 2>&1; then
   echo "loom canary: NOT CAUGHT (the checker is blind)"; status=1
 else
   if grep -q "reader saw a reclaimed object\|new reader saw the old object\|panicked" target/loom-canary.log; then

@@ -33,4 +33,7 @@ run "$base" --test index -- --skip readers_see_permanent_keys_through_resizes
 for t in hit_cache probe objpool retinst retinst_alloc probe_alloc fuzz_replay; do
   [ -f "tests/$t.rs" ] && run "$base" --test "$t"
 done
+# The C ABI called as C would (its pointer handling, tombstones, destroy
+# under concurrent dispatch); the C test program itself cannot run in miri.
+run "$base" -p fprobe-capi --test api
 exit $status

@@ -5,7 +5,7 @@
 use std::ffi::{CStr, c_int, c_void};
 use std::ptr::{null, null_mut};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 
 use fprobe_capi::*;
 
@@ -22,7 +22,7 @@ struct Counts {
     released: AtomicU64,
     /// Status of an `fprobe_unregister` attempted from inside a handler.
     nested_rc: AtomicI32,
-    registry: AtomicU64,
+    registry: AtomicPtr<fprobe_registry>,
     handle: AtomicU64,
 }
 
@@ -32,7 +32,7 @@ fn counts() -> Arc<Counts> {
         exits: AtomicU64::new(0),
         released: AtomicU64::new(0),
         nested_rc: AtomicI32::new(1),
-        registry: AtomicU64::new(0),
+        registry: AtomicPtr::new(null_mut()),
         handle: AtomicU64::new(0),
     })
 }
@@ -48,11 +48,9 @@ unsafe extern "C" fn on_entry(user: *mut c_void, ctx: *mut fprobe_entry_ctx) -> 
         unsafe { ctx.data.cast::<u64>().write_unaligned(ctx.addr ^ 0x5a5a) };
     }
     let r = c.registry.load(Ordering::Relaxed);
-    if r != 0 {
+    if !r.is_null() {
         // SAFETY: the registry under test.
-        let rc = unsafe {
-            fprobe_unregister(r as *mut fprobe_registry, c.handle.load(Ordering::Relaxed))
-        };
+        let rc = unsafe { fprobe_unregister(r, c.handle.load(Ordering::Relaxed)) };
         c.nested_rc.store(rc, Ordering::Relaxed);
     }
     0
@@ -224,11 +222,11 @@ fn dispatch_enable_disable_stats_and_nested_unregister() {
         assert_eq!(fprobe_probe_stats(r, h, &mut s), FPROBE_OK);
         assert_eq!((s.hits, s.exits, s.missed_disabled), (2, 2, 1));
         // A handler that tries to unregister gets BUSY and nothing changes.
-        c.registry.store(r as u64, Ordering::Relaxed);
+        c.registry.store(r, Ordering::Relaxed);
         c.handle.store(h, Ordering::Relaxed);
         fprobe_on_entry(r, 0x1000, 7, null_mut());
         fprobe_on_exit(r, 7, null_mut());
-        c.registry.store(0, Ordering::Relaxed);
+        c.registry.store(null_mut(), Ordering::Relaxed);
         assert_eq!(c.nested_rc.load(Ordering::Relaxed), FPROBE_E_BUSY);
         assert_eq!(fprobe_probe_stats(r, h, &mut s), FPROBE_OK);
         assert_eq!((s.hits, s.exits), (3, 3));
@@ -240,21 +238,28 @@ fn dispatch_enable_disable_stats_and_nested_unregister() {
     }
 }
 
+/// A registry pointer that may cross threads (the ABI is thread-safe).
+#[derive(Clone, Copy)]
+struct Shared(*mut fprobe_registry);
+// SAFETY: every ABI function may be called from any thread.
+unsafe impl Send for Shared {}
+
 #[test]
 fn destroy_while_threads_dispatch() {
-    let r = new_registry() as u64;
+    let r = new_registry();
+    let shared = Shared(r);
     let c = counts();
     let p = probe_for(&c);
     let mut h = 0;
     // SAFETY: valid arguments.
-    let rc = unsafe { fprobe_register(r as *mut _, &p, [0x42u64].as_ptr(), null(), 1, &mut h) };
+    let rc = unsafe { fprobe_register(r, &p, [0x42u64].as_ptr(), null(), 1, &mut h) };
     assert_eq!(rc, FPROBE_OK);
     let stop = Arc::new(AtomicBool::new(false));
     let threads: Vec<_> = (0..3)
         .map(|_| {
             let stop = stop.clone();
             std::thread::spawn(move || {
-                let r = r as *mut fprobe_registry;
+                let r = { shared }.0;
                 let mut destroyed = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     // SAFETY: a registry handle (never freed).
@@ -272,7 +277,7 @@ fn destroy_while_threads_dispatch() {
         .collect();
     std::thread::sleep(std::time::Duration::from_millis(50));
     // SAFETY: the registry under test.
-    assert_eq!(unsafe { fprobe_registry_destroy(r as *mut _) }, FPROBE_OK);
+    assert_eq!(unsafe { fprobe_registry_destroy(r) }, FPROBE_OK);
     std::thread::sleep(std::time::Duration::from_millis(20));
     stop.store(true, Ordering::Relaxed);
     for t in threads {
