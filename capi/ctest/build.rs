@@ -4,6 +4,7 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=c/calls.c");
+    println!("cargo:rerun-if-changed=c/ctest.h");
     println!("cargo:rerun-if-changed=../include/fprobe.h");
     cc::Build::new()
         .file("c/calls.c")
