@@ -70,14 +70,26 @@ pub unsafe extern "C" fn fprobe_cyg_attach(r: *mut fprobe_registry) -> c_int {
     if h.cyg_used.swap(true, Ordering::AcqRel) {
         return FPROBE_E_BUSY;
     }
-    // Release: a hook that loads `r` sees the registry's initialisation.
-    match ATTACHED.compare_exchange(
-        std::ptr::null_mut(),
-        r,
-        Ordering::Release,
-        Ordering::Relaxed,
-    ) {
-        Ok(_) => FPROBE_OK,
+    // SeqCst (also a Release: a hook that loads `r` sees the registry's
+    // initialisation), with the re-check below against destroy.
+    match ATTACHED.compare_exchange(std::ptr::null_mut(), r, Ordering::SeqCst, Ordering::Relaxed) {
+        Ok(_) => {
+            // Destroy unpublishes `inner`, then detaches; we attach, then
+            // re-check `inner`. All four are SeqCst, so either we see the
+            // unpublish and undo here, or destroy's detach sees our attach
+            // and undoes it: the runtime is never left attached to a dead
+            // registry (which would refuse every later attach).
+            if h.inner.load(Ordering::SeqCst).is_null() {
+                let _ = ATTACHED.compare_exchange(
+                    r,
+                    std::ptr::null_mut(),
+                    Ordering::SeqCst,
+                    Ordering::Relaxed,
+                );
+                return FPROBE_E_DESTROYED;
+            }
+            FPROBE_OK
+        }
         Err(_) => {
             // Not used after all: it may be attached later.
             h.cyg_used.store(false, Ordering::Release);
@@ -100,10 +112,11 @@ pub extern "C" fn fprobe_cyg_detach() -> c_int {
     FPROBE_OK
 }
 
-/// Detaches if `r` is the attached registry (registry destruction; the
-/// caller waits for the grace period).
+/// Detaches if `r` is the attached registry (registry destruction, after
+/// unpublishing the registry with SeqCst; the caller then waits for the
+/// grace period). SeqCst: pairs with [`fprobe_cyg_attach`]'s re-check.
 pub(crate) fn detach_registry(r: *mut fprobe_registry) {
-    let _ = ATTACHED.compare_exchange(r, std::ptr::null_mut(), Ordering::AcqRel, Ordering::Relaxed);
+    let _ = ATTACHED.compare_exchange(r, std::ptr::null_mut(), Ordering::SeqCst, Ordering::SeqCst);
 }
 
 /// Runs `f` with the attached registry unless this thread is already in a

@@ -374,9 +374,10 @@ pub unsafe extern "C" fn fprobe_registry_destroy(r: *mut fprobe_registry) -> c_i
         h.magic
             .compare_exchange(LIVE, DEAD, Ordering::AcqRel, Ordering::Acquire)
             .map_err(|_| FPROBE_E_DESTROYED)?;
+        // SeqCst, with the runtime's attach (see `cyg::detach_registry`).
+        let p = h.inner.swap(std::ptr::null_mut(), Ordering::SeqCst);
         #[cfg(feature = "cyg")]
         cyg::detach_registry(r);
-        let p = h.inner.swap(std::ptr::null_mut(), Ordering::AcqRel);
         // Every read section that could have loaded `p` ends.
         rcu::synchronize();
         if !p.is_null() {

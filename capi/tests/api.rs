@@ -287,3 +287,31 @@ fn destroy_while_threads_dispatch() {
     assert_eq!(c.released.load(Ordering::Relaxed), 1);
     assert!(c.entries.load(Ordering::Relaxed) > 0);
 }
+
+#[test]
+fn runtime_never_left_attached_to_a_destroyed_registry() {
+    // The only test of this binary that attaches the -finstrument-functions
+    // runtime (it is process-global).
+    let iterations = if cfg!(miri) { 3 } else { 300 };
+    for _ in 0..iterations {
+        let r = Shared(new_registry());
+        let attacher = std::thread::spawn(move || {
+            let r = { r }.0;
+            // SAFETY: a registry handle (never freed).
+            unsafe { fprobe_cyg_attach(r) }
+        });
+        // SAFETY: the registry under test.
+        assert_eq!(unsafe { fprobe_registry_destroy(r.0) }, FPROBE_OK);
+        let rc = attacher.join().unwrap();
+        assert!(rc == FPROBE_OK || rc == FPROBE_E_DESTROYED, "{rc}");
+        // Whatever the interleaving, the runtime is free again.
+        let fresh = new_registry();
+        // SAFETY: a live registry.
+        assert_eq!(unsafe { fprobe_cyg_attach(fresh) }, FPROBE_OK);
+        // SAFETY: as above.
+        assert_eq!(unsafe { fprobe_cyg_attach(fresh) }, FPROBE_E_BUSY);
+        assert_eq!(fprobe_cyg_detach(), FPROBE_OK);
+        // SAFETY: as above.
+        assert_eq!(unsafe { fprobe_registry_destroy(fresh) }, FPROBE_OK);
+    }
+}
