@@ -749,6 +749,14 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// exactly once when this call returns.
     #[inline]
     pub fn on_entry(&self, addr: u64, ret_addr: u64, ctx: &C) {
+        self.on_entry_in(&rcu::read_lock(), addr, ret_addr, ctx);
+    }
+
+    /// [`on_entry`](Self::on_entry) inside a read-side section the caller
+    /// already holds (an engine's hook that loaded the registry under it):
+    /// saves entering a nested section.
+    #[inline]
+    pub fn on_entry_in(&self, guard: &rcu::ReadGuard, addr: u64, ret_addr: u64, ctx: &C) {
         let Some(local) = self.local() else { return };
         // SAFETY: this thread's vector, borrowed only for the statement;
         // nested dispatch from handlers pushes and pops its own balanced
@@ -757,8 +765,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             local.overflow.set(local.overflow.get() + 1);
             return;
         }
-        let guard = rcu::read_lock();
-        let attached = self.index.get(addr, &guard);
+        let attached = self.index.get(addr, guard);
         let mut pushed = 0u16;
         if !attached.is_empty() {
             if local.in_handler.get() {
@@ -773,7 +780,6 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 local.in_handler.set(false);
             }
         }
-        drop(guard);
         // SAFETY: see above.
         unsafe { (*local.frames.get()).push(pushed) };
     }
@@ -855,6 +861,21 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// registered between entry and return has no instance for this call.
     #[inline]
     pub fn on_exit(&self, ret_addr: u64, ctx: &C) {
+        self.on_exit_with(ret_addr, ctx, rcu::read_lock);
+    }
+
+    /// [`on_exit`](Self::on_exit) inside a read-side section the caller
+    /// already holds.
+    #[inline]
+    pub fn on_exit_in(&self, _guard: &rcu::ReadGuard, ret_addr: u64, ctx: &C) {
+        self.on_exit_with(ret_addr, ctx, || ());
+    }
+
+    /// `section` opens the read-side section the exit handlers run in (or
+    /// nothing, when the caller holds one); called only when there is an
+    /// instance to run.
+    #[inline(always)]
+    fn on_exit_with<G>(&self, ret_addr: u64, ctx: &C, section: impl FnOnce() -> G) {
         let Some(local) = self.local() else { return };
         if local.overflow.get() > 0 {
             local.overflow.set(local.overflow.get() - 1);
@@ -867,7 +888,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         if n == 0 {
             return;
         }
-        let _guard = rcu::read_lock();
+        let _section = section();
         let was_in = local.in_handler.replace(true);
         for _ in 0..n {
             // SAFETY: this thread's stack; nested dispatch from a handler

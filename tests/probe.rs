@@ -465,3 +465,38 @@ fn counters_survive_thread_exit() {
     }
     assert_eq!(reg.stats(h).unwrap().hits, 400);
 }
+
+#[test]
+fn dispatch_inside_a_callers_read_section_pairs_like_the_plain_calls() {
+    let registry = Registry::<()>::builder().build().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (le, lx) = (log.clone(), log.clone());
+    let probe = Fprobe::builder()
+        .data_size(8)
+        .entry(move |c| {
+            c.data.copy_from_slice(&c.addr.to_ne_bytes());
+            le.lock().unwrap().push(("in", c.addr));
+            EntryAction::Continue
+        })
+        .exit(move |c| {
+            assert_eq!(c.data, &c.addr.to_ne_bytes());
+            lx.lock().unwrap().push(("out", c.addr));
+        })
+        .build();
+    let h = registry.register(probe, &[0x10, 0x20]).unwrap();
+    {
+        let guard = fprobe::rcu::read_lock();
+        registry.on_entry_in(&guard, 0x10, 1, &());
+        registry.on_entry(0x20, 2, &()); // the two forms mix freely
+        registry.on_entry_in(&guard, 0x30, 3, &()); // not probed
+        registry.on_exit_in(&guard, 3, &());
+        registry.on_exit_in(&guard, 2, &());
+        registry.on_exit(1, &());
+    }
+    assert_eq!(
+        *log.lock().unwrap(),
+        [("in", 0x10), ("in", 0x20), ("out", 0x20), ("out", 0x10)]
+    );
+    let s = registry.stats(h).unwrap();
+    assert_eq!((s.hits, s.exits), (2, 2));
+}

@@ -121,9 +121,10 @@ pub(crate) fn detach_registry(r: *mut fprobe_registry) {
 
 /// Runs `f` with the attached registry unless this thread is already in a
 /// hook or nothing is attached. One RCU read section covers both loads and
-/// the dispatch (the registry's own sections nest inside it for free).
+/// the dispatch (`on_entry_in`/`on_exit_in` run inside it instead of
+/// entering sections of their own).
 #[inline(always)]
-fn hook(f: impl FnOnce(&crate::Reg)) {
+fn hook(f: impl FnOnce(&crate::Reg, &rcu::ReadGuard)) {
     // Relaxed: a cheap filter; the pointer used is reloaded below.
     if ATTACHED.load(Ordering::Relaxed).is_null() {
         return;
@@ -135,7 +136,7 @@ fn hook(f: impl FnOnce(&crate::Reg)) {
         return;
     }
     {
-        let _guard = rcu::read_lock();
+        let guard = rcu::read_lock();
         // Acquire: pairs with the Release of `fprobe_cyg_attach`.
         let r = ATTACHED.load(Ordering::Acquire);
         // SAFETY: an attached handle is live (handles are never freed).
@@ -146,7 +147,7 @@ fn hook(f: impl FnOnce(&crate::Reg)) {
             // grace period before freeing; this section began before that
             // grace period could end.
             if let Some(reg) = unsafe { p.as_ref() } {
-                f(reg);
+                f(reg, &guard);
             }
         }
     }
@@ -161,7 +162,7 @@ fn hook(f: impl FnOnce(&crate::Reg)) {
 /// call site.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __cyg_profile_func_enter(this_fn: *mut c_void, call_site: *mut c_void) {
-    hook(|reg| reg.on_entry(this_fn as u64, call_site as u64, &NO_CTX));
+    hook(|reg, g| reg.on_entry_in(g, this_fn as u64, call_site as u64, &NO_CTX));
 }
 
 /// The `-finstrument-functions` exit hook.
@@ -171,7 +172,7 @@ pub unsafe extern "C" fn __cyg_profile_func_enter(this_fn: *mut c_void, call_sit
 /// As [`__cyg_profile_func_enter`].
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __cyg_profile_func_exit(_this_fn: *mut c_void, call_site: *mut c_void) {
-    hook(|reg| reg.on_exit(call_site as u64, &NO_CTX));
+    hook(|reg, g| reg.on_exit_in(g, call_site as u64, &NO_CTX));
 }
 
 /// The engine context of hooked calls: NULL.
