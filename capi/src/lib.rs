@@ -236,6 +236,24 @@ unsafe impl Send for User {}
 // SAFETY: as above.
 unsafe impl Sync for User {}
 
+/// The `user` pointer copied into each handler closure, so a call needs
+/// no load through the shared [`User`].
+#[derive(Clone, Copy)]
+struct UserPtr(*mut c_void);
+
+impl UserPtr {
+    /// By method, so closures capture the whole (Send) wrapper.
+    #[inline(always)]
+    fn get(self) -> *mut c_void {
+        self.0
+    }
+}
+
+// SAFETY: as for `User`.
+unsafe impl Send for UserPtr {}
+// SAFETY: as for `User`.
+unsafe impl Sync for UserPtr {}
+
 impl Drop for User {
     fn drop(&mut self) {
         if let Some(release) = self.release {
@@ -445,8 +463,9 @@ pub unsafe extern "C" fn fprobe_register(
         });
         let mut b = Fprobe::<EngineCtx>::builder().data_size(p.data_size);
         if let Some(entry) = p.entry {
-            let u = user.clone();
+            let (keep, up) = (user.clone(), UserPtr(p.user));
             b = b.entry(move |ec| {
+                let _ = &keep; // owned by the closure: released with it
                 let (data, data_size) = if ec.data.is_empty() {
                     (std::ptr::null_mut(), 0)
                 } else {
@@ -462,7 +481,7 @@ pub unsafe extern "C" fn fprobe_register(
                 };
                 // SAFETY: the caller's handler with its own pointer and a
                 // context valid for the call.
-                if unsafe { entry(u.user, &mut c) } == FPROBE_SKIP_EXIT {
+                if unsafe { entry(up.get(), &mut c) } == FPROBE_SKIP_EXIT {
                     EntryAction::SkipExit
                 } else {
                     EntryAction::Continue
@@ -470,8 +489,9 @@ pub unsafe extern "C" fn fprobe_register(
             });
         }
         if let Some(exit) = p.exit {
-            let u = user.clone();
+            let (keep, up) = (user.clone(), UserPtr(p.user));
             b = b.exit(move |xc| {
+                let _ = &keep;
                 // SAFETY: a valid, aligned reference (see `scalar`).
                 let data = unsafe { std::ptr::read_volatile(&xc.data) };
                 let c = fprobe_exit_ctx {
@@ -483,7 +503,7 @@ pub unsafe extern "C" fn fprobe_register(
                     data_size: data.len(),
                 };
                 // SAFETY: as for the entry handler.
-                unsafe { exit(u.user, &c) };
+                unsafe { exit(up.get(), &c) };
             });
         }
         let attach = addrs
