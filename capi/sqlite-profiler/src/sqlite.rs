@@ -2,6 +2,7 @@
 //! objects `build.rs` makes, and the multi-threaded SQL workload.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::io::Write;
 
 type Db = *mut c_void;
 type Stmt = *mut c_void;
@@ -143,6 +144,21 @@ impl Conn<'_> {
         st
     }
 
+    /// Binds `(k, text)` to `st`'s two parameters and runs it.
+    fn insert(&self, st: Stmt, k: i64, text: &[u8]) {
+        // SAFETY: a prepared statement of this connection; SQLITE_TRANSIENT
+        // (-1) makes SQLite copy the text.
+        unsafe {
+            self.check((self.lib.bind_int64)(st, 1, k), "bind");
+            let n = text.len() as c_int;
+            self.check(
+                (self.lib.bind_text)(st, 2, text.as_ptr().cast(), n, -1),
+                "bind",
+            );
+        }
+        self.run(st, 0);
+    }
+
     /// Steps to completion; returns the sum of column 0 (and 1) of each row.
     fn run(&self, st: Stmt, cols: c_int) -> i64 {
         let mut sum = 0i64;
@@ -187,32 +203,14 @@ pub fn workload(lib: &Lib, seed: u64, rows: i64) -> i64 {
         x ^= x << 17;
         let k = (x % 1000) as i64;
         buf.clear();
-        use std::io::Write;
         write!(buf, "row-{i}-{k}-{}", x % 97).unwrap();
-        // SAFETY: a prepared statement; SQLITE_TRANSIENT makes SQLite copy.
-        unsafe {
-            c.check((lib.bind_int64)(ins, 1, k), "bind");
-            c.check(
-                (lib.bind_text)(ins, 2, buf.as_ptr().cast(), buf.len() as c_int, -1),
-                "bind",
-            );
-        }
-        c.run(ins, 0);
+        c.insert(ins, k, &buf);
     }
     let insg = c.prepare("INSERT INTO g(k, name) VALUES(?1, ?2)");
     for k in 0..1000i64 {
         buf.clear();
-        use std::io::Write;
         write!(buf, "group-{}", k % 37).unwrap();
-        // SAFETY: as above.
-        unsafe {
-            c.check((lib.bind_int64)(insg, 1, k), "bind");
-            c.check(
-                (lib.bind_text)(insg, 2, buf.as_ptr().cast(), buf.len() as c_int, -1),
-                "bind",
-            );
-        }
-        c.run(insg, 0);
+        c.insert(insg, k, &buf);
     }
     c.exec("COMMIT");
     c.exec("CREATE INDEX t_k ON t(k)");
