@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# loom model checks of the RCU grace-period protocol (and anything else
-# under `cfg(loom)`), bounded. Then the canary: the same models built with
-# `--cfg fprobe_canary` (the read-side fences removed) must FAIL, proving
-# loom still catches a broken protocol.
+# loom model checks of the RCU grace-period protocol, the index's slot
+# migration, the hit cache's never-stale protocol and the objpool, bounded.
+# Then the canary: the same models built with `--cfg fprobe_canary` (the
+# RCU read-side fences removed, the hit cache's generation loaded after the
+# index lookup) must FAIL, proving loom still catches a broken protocol.
 #
 # Usage: scripts/loom.sh            -> exit 0 when models pass and canary fails
 set -u

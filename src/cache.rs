@@ -42,6 +42,12 @@
 //! stores before a grace period) and misses; one that started earlier holds
 //! the grace period open.
 //!
+//! The loom model at the end of this module runs the cache's own fill/hit
+//! step (`through_set`) against a writer in every interleaving, and its
+//! canary build (generation loaded after the index lookup) is caught
+//! returning a replaced record; `tests/hit_cache.rs` stresses the real
+//! cache under concurrent writers.
+//!
 //! The price: any write invalidates every thread's entries. Writes are rare
 //! in this workload; under sustained writer churn the cache only misses.
 //!
@@ -141,9 +147,9 @@ pub struct HitCacheStats {
 }
 
 #[derive(Clone, Copy)]
-struct Entry {
+struct Entry<R = *mut Header> {
     addr: u64,
-    rec: *mut Header,
+    rec: R,
     /// Generation at fill; `u64::MAX` marks an empty entry (the index's
     /// generation never reaches it).
     generation: u64,
@@ -154,6 +160,80 @@ const EMPTY: Entry = Entry {
     rec: std::ptr::null_mut(),
     generation: u64::MAX,
 };
+
+/// The index's write generation: the two operations of the protocol
+/// (module docs). A trait so the loom model in this module runs the same
+/// [`through_set`] with loom's atomic.
+pub(crate) trait Generation {
+    /// Reader: the generation a lookup runs under.
+    fn current(&self) -> u64;
+    /// Writer: after publishing or unlinking a record, before retiring the
+    /// old one.
+    fn advance(&self);
+}
+
+impl Generation for AtomicU64 {
+    #[inline(always)]
+    fn current(&self) -> u64 {
+        // Acquire: pairs with the Release in `advance`; a reader that sees
+        // the new generation sees the publish (module docs).
+        self.load(Ordering::Acquire)
+    }
+
+    #[inline(always)]
+    fn advance(&self) {
+        // Release: see `current`.
+        self.fetch_add(1, Ordering::Release);
+    }
+}
+
+#[cfg(loom)]
+impl Generation for crate::sync::AtomicU64 {
+    fn current(&self) -> u64 {
+        self.load(Ordering::Acquire)
+    }
+
+    fn advance(&self) {
+        self.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// One lookup through one set of a thread's cache: the entry for `addr`
+/// if it was filled at the current generation, else `miss()` (the index
+/// lookup) and a fill of way `victim`. Returns the record and whether it
+/// was a hit. The generation is loaded *before* the index lookup: a write
+/// racing with the fill has advanced it by the time it completes, so the
+/// entry is never used after that write (module docs).
+#[inline(always)]
+fn through_set<R: Copy>(
+    generation: &impl Generation,
+    set: &[Cell<Entry<R>>],
+    victim: usize,
+    addr: u64,
+    miss: impl FnOnce() -> R,
+) -> (R, bool) {
+    let now = generation.current();
+    for e in set {
+        let e = e.get();
+        if e.addr == addr && e.generation == now {
+            return (e.rec, true);
+        }
+    }
+    let rec = miss();
+    // The deliberately broken build (`--cfg fprobe_canary`) loads the
+    // generation after the index lookup: the loom model must catch it.
+    let filled_at = if cfg!(fprobe_canary) {
+        generation.current()
+    } else {
+        now
+    };
+    set[victim].set(Entry {
+        addr,
+        rec,
+        generation: filled_at,
+    });
+    (rec, false)
+}
 
 /// Lookups per sampling window, and the bypass length.
 const WINDOW: u32 = 1024;
@@ -272,9 +352,7 @@ impl HitCache {
     /// publish and before retiring the old record.
     #[inline]
     pub(crate) fn bump(&self) {
-        // Release: pairs with the Acquire load in `lookup`; a reader that
-        // sees the new generation sees the publish (module docs).
-        self.generation.fetch_add(1, Ordering::Release);
+        self.generation.advance();
     }
 
     /// Looks `addr` up through the calling thread's cache; `miss` does the
@@ -284,8 +362,6 @@ impl HitCache {
         let Some(slot) = self.slot else {
             return miss();
         };
-        // Acquire: pairs with the Release in `bump` (module docs).
-        let now = self.generation.load(Ordering::Acquire);
         let p = LOCALS.with(|l| l[slot].get());
         // SAFETY: a non-null slot is a live `Local` owned by this thread
         // (freed only by this thread's exit handler, or replaced below).
@@ -303,29 +379,15 @@ impl HitCache {
         }
         let base = (mix(addr) as usize & local.set_mask) * local.ways;
         let set = &local.entries[base..base + local.ways];
-        for e in set {
-            let e = e.get();
-            if e.addr == addr && e.generation == now {
-                Counters::bump(&local.counters.hits);
-                local.window_hits.set(local.window_hits.get() + 1);
-                local.tick();
-                return e.rec;
-            }
-        }
-        let rec = miss();
-        let way = if local.ways == 1 {
-            0
+        let victim = local.victim.get() & (local.ways - 1);
+        let (rec, hit) = through_set(&*self.generation, set, victim, addr, miss);
+        if hit {
+            Counters::bump(&local.counters.hits);
+            local.window_hits.set(local.window_hits.get() + 1);
         } else {
-            let v = local.victim.get();
-            local.victim.set(v.wrapping_add(1));
-            v & (local.ways - 1)
-        };
-        local.entries[base + way].set(Entry {
-            addr,
-            rec,
-            generation: now,
-        });
-        Counters::bump(&local.counters.misses);
+            local.victim.set(local.victim.get().wrapping_add(1));
+            Counters::bump(&local.counters.misses);
+        }
         local.tick();
         rec
     }
@@ -418,4 +480,64 @@ impl Drop for HitCache {
 #[inline(always)]
 fn mix(addr: u64) -> u64 {
     (addr ^ (addr >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9) >> 24
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! loom model of the never-stale protocol, running the cache's own
+    //! [`through_set`] against a one-address index in miniature (a record
+    //! pointer stood for by a version number; reclamation is the RCU's and
+    //! is modelled in `rcu::raw`). `scripts/loom.sh` runs it, and its canary
+    //! build (generation loaded after the index lookup) must fail it.
+    //!
+    //! `RUSTFLAGS="--cfg loom" cargo test -p fprobe --release --lib loom`
+
+    use std::cell::Cell;
+
+    use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+    use super::{Entry, Generation, through_set};
+
+    #[test]
+    fn loom_hit_cache_never_returns_a_record_replaced_before_the_lookup() {
+        loom::model(|| {
+            let generation = Arc::new(AtomicU64::new(0));
+            // The address's current record: version 1, then 2.
+            let record = Arc::new(AtomicUsize::new(1));
+            let returned = Arc::new(AtomicBool::new(false));
+            let writer = {
+                let (g, r, done) = (generation.clone(), record.clone(), returned.clone());
+                loom::thread::spawn(move || {
+                    // The index's write order: publish, advance, (retire).
+                    r.store(2, Ordering::Release);
+                    g.advance();
+                    // The write call returns.
+                    done.store(true, Ordering::Release);
+                })
+            };
+            let reader = loom::thread::spawn(move || {
+                let empty = Entry {
+                    addr: 0,
+                    rec: 0usize,
+                    generation: u64::MAX,
+                };
+                let set = [Cell::new(empty), Cell::new(empty)];
+                let index = || record.load(Ordering::Acquire);
+                let (first, hit) = through_set(&*generation, &set, 0, 7, index);
+                assert!(!hit && (first == 1 || first == 2));
+                // A lookup that begins after the write returned must not
+                // be answered with the replaced record.
+                if returned.load(Ordering::Acquire) {
+                    let (second, _) = through_set(&*generation, &set, 1, 7, index);
+                    assert_eq!(
+                        second, 2,
+                        "hit cache returned a record replaced before the lookup began"
+                    );
+                }
+            });
+            writer.join().unwrap();
+            reader.join().unwrap();
+        });
+    }
 }
