@@ -48,12 +48,11 @@ fn stream(addrs: &[u64], hot: bool, len: usize, seed: u64) -> Vec<u64> {
         .collect()
 }
 
-fn build(addrs: &[u64], cache: bool) -> AddrIndex<u64> {
+fn build(addrs: &[u64], cache: Option<HitCacheConfig>) -> AddrIndex<u64> {
     let b = AddrIndex::builder().capacity(addrs.len());
-    let b = if cache {
-        b.hit_cache(HitCacheConfig::default())
-    } else {
-        b
+    let b = match cache {
+        Some(c) => b.hit_cache(c),
+        None => b,
     };
     let index = b.build().unwrap();
     // 10% of addresses get 3 handlers, like REFERENCE.md §4.
@@ -102,34 +101,37 @@ fn main() {
         HitCacheConfig::default().bytes_per_thread()
     );
     println!(
-        "| addresses | workload | threads | uncached | cached | cached/uncached | cache hit rate |"
+        "| addresses | workload | threads | uncached | cached | cached/uncached | cache hit rate | per-CPU cached | per-CPU/uncached |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for n in [50_000usize, 1_000_000] {
         let addrs = addresses(n);
-        let plain = Arc::new(build(&addrs, false));
-        let cached = Arc::new(build(&addrs, true));
+        let plain = Arc::new(build(&addrs, None));
+        let cached = Arc::new(build(&addrs, Some(HitCacheConfig::default())));
+        let per_cpu = Arc::new(build(&addrs, Some(HitCacheConfig::default().per_cpu(true))));
         for hot in [true, false] {
             for &t in &threads {
                 let streams: Vec<_> = (0..t)
                     .map(|i| Arc::new(stream(&addrs, hot, 1 << 20, 77 + i as u64)))
                     .collect();
                 let before = cached.hit_cache_stats().unwrap();
-                let (mut u, mut c) = (Vec::new(), Vec::new());
+                let (mut u, mut c, mut p) = (Vec::new(), Vec::new(), Vec::new());
                 for _ in 0..5 {
-                    // Interleaved, so drift on a shared machine hits both.
+                    // Interleaved, so drift on a shared machine hits all.
                     u.push(throughput(&plain, &streams, run));
                     c.push(throughput(&cached, &streams, run));
+                    p.push(throughput(&per_cpu, &streams, run));
                 }
                 let after = cached.hit_cache_stats().unwrap();
                 let hits = after.hits - before.hits;
                 let all = hits + after.misses - before.misses + after.bypassed - before.bypassed;
-                let (u, c) = (runner::median(u), runner::median(c));
+                let (u, c, p) = (runner::median(u), runner::median(c), runner::median(p));
                 println!(
-                    "| {n} | {} | {t} | {u:.1} | {c:.1} | {:.2}× | {:.1}% |",
+                    "| {n} | {} | {t} | {u:.1} | {c:.1} | {:.2}× | {:.1}% | {p:.1} | {:.2}× |",
                     if hot { "hot (90% on 64)" } else { "uniform" },
                     c / u,
-                    100.0 * hits as f64 / all.max(1) as f64
+                    100.0 * hits as f64 / all.max(1) as f64,
+                    p / u
                 );
             }
         }
@@ -147,7 +149,7 @@ fn toggle_experiment() {
     let addrs = addresses(40_000);
     let mut row = Vec::new();
     let mut reads = Vec::new();
-    for cache in [false, true] {
+    for cache in [None, Some(HitCacheConfig::default())] {
         let index = Arc::new(build(&addrs, cache));
         let stop = Arc::new(AtomicBool::new(false));
         let count = Arc::new(AtomicU64::new(0));

@@ -60,20 +60,37 @@
 //! much larger than the cache), it bypasses the cache for the next 16,384
 //! lookups, paying a counter decrement instead of a fill, then samples again.
 //!
-//! # Per-thread, not per-CPU
+//! # Per-thread or per-CPU
 //!
-//! Only a per-thread cache is implemented: it needs no atomics and cannot be
-//! torn by migration. A per-CPU variant (indexed by rseq's `cpu_id`) would
-//! bound memory by CPUs rather than threads — the better choice when threads
-//! vastly outnumber CPUs — at the price of seqlock-validated entries; it is
-//! not built yet.
+//! By default each thread has its own cache: no atomics, no sharing, and a
+//! thread that migrates keeps its cache. Memory grows with threads, though:
+//! 24 KiB each by default.
+//!
+//! With [`HitCacheConfig::per_cpu`], the cache is one array per CPU (up to
+//! the configured CPU count, rounded up to a power of two; `entries × 32`
+//! bytes each), shared by the threads that run there. The CPU number is the
+//! `cpu_id` of the rseq area glibc ≥ 2.35 registers for every thread (found
+//! through `__rseq_offset`: one thread-pointer-relative load), else
+//! `sched_getcpu(3)`, else the cache falls back to per-thread mode
+//! ([`HitCacheStats::cpu_source`] says which). A thread can be preempted by
+//! another thread of the same CPU or migrate mid-lookup, so shared entries
+//! are seqlock-validated atomics: a reader skips an entry a fill is writing
+//! (never uses a torn one), and a fill takes the entry's seqlock with one
+//! compare-exchange and gives up if another thread holds it. The generation
+//! protocol above is unchanged. A loom model runs the shared-set step with
+//! two threads filling one set while a writer replaces the record.
+//!
+//! Which to use: per-thread when threads are about as many as CPUs (the
+//! common instrumentation case, and the cheaper hit); per-CPU when threads
+//! vastly outnumber CPUs (thread pools, many short-lived threads), where
+//! per-thread memory and cold caches of new threads dominate.
 
 use std::cell::Cell;
 use std::sync::Arc;
 
 use crate::index::raw::record::Header;
-use crate::sync::unmodelled::{AtomicU64, Mutex};
-use crate::sync::{CachePadded, Ordering};
+use crate::sync::unmodelled::{self, AtomicU64, Mutex};
+use crate::sync::{AtomicPtr, CachePadded, Ordering, fence};
 
 /// Configuration of the recent-hit cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +101,11 @@ pub struct HitCacheConfig {
     pub entries: usize,
     /// Associativity: 1 (direct-mapped), 2, 4 or 8. Default 4.
     pub ways: usize,
+    /// One cache per CPU, shared by the threads that run there, instead of
+    /// one per thread (default `false`; see the module docs for when to
+    /// use it). Falls back to per-thread caches when the CPU number cannot
+    /// be read ([`HitCacheStats::cpu_source`] says which was used).
+    pub per_cpu: bool,
 }
 
 impl Default for HitCacheConfig {
@@ -91,6 +113,7 @@ impl Default for HitCacheConfig {
         Self {
             entries: 1024,
             ways: 4,
+            per_cpu: false,
         }
     }
 }
@@ -113,6 +136,12 @@ impl HitCacheConfig {
         self
     }
 
+    /// One cache per CPU (`true`) or per thread (`false`, the default).
+    pub fn per_cpu(mut self, per_cpu: bool) -> Self {
+        self.per_cpu = per_cpu;
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<(), &'static str> {
         if !self.entries.is_power_of_two() || !(16..=65536).contains(&self.entries) {
             return Err("hit cache entries must be a power of two in 16..=65536");
@@ -123,9 +152,16 @@ impl HitCacheConfig {
         Ok(())
     }
 
-    /// Bytes one thread's cache occupies.
+    /// Bytes one thread's cache occupies (per-thread mode; in per-CPU mode
+    /// a thread keeps only its counters).
     pub fn bytes_per_thread(&self) -> usize {
-        self.entries * std::mem::size_of::<Entry>() + std::mem::size_of::<Local>()
+        let entries = if self.per_cpu { 0 } else { self.entries };
+        entries * std::mem::size_of::<Entry>() + std::mem::size_of::<Local>()
+    }
+
+    /// Bytes one CPU's cache occupies (per-CPU mode).
+    pub fn bytes_per_cpu(&self) -> usize {
+        self.entries * std::mem::size_of::<SharedEntry<Header>>()
     }
 }
 
@@ -144,6 +180,13 @@ pub struct HitCacheStats {
     pub threads: usize,
     /// Bytes of one thread's cache.
     pub bytes_per_thread: usize,
+    /// Bytes of the per-CPU caches, all CPUs together (0 in per-thread
+    /// mode).
+    pub bytes_per_cpu_total: usize,
+    /// Where the per-CPU mode reads the CPU number: `"rseq"`,
+    /// `"sched_getcpu"`, or `"per-thread"` when the cache is per thread
+    /// (configured so, or because neither source works here).
+    pub cpu_source: &'static str,
 }
 
 #[derive(Clone, Copy)]
@@ -233,6 +276,211 @@ fn through_set<R: Copy>(
         generation: filled_at,
     });
     (rec, false)
+}
+
+/// One entry of a per-CPU cache: the threads running on the CPU share it,
+/// and a thread may be preempted or migrate mid-lookup, so the fields are
+/// atomics guarded by a seqlock (`seq` odd while a fill writes them).
+#[repr(align(32))]
+struct SharedEntry<T> {
+    seq: crate::sync::AtomicU64,
+    addr: crate::sync::AtomicU64,
+    rec: AtomicPtr<T>,
+    /// Generation at fill; `u64::MAX` when empty.
+    generation: crate::sync::AtomicU64,
+}
+
+impl<T> SharedEntry<T> {
+    fn empty() -> Self {
+        Self {
+            seq: crate::sync::AtomicU64::new(0),
+            addr: crate::sync::AtomicU64::new(0),
+            rec: AtomicPtr::new(std::ptr::null_mut()),
+            generation: crate::sync::AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+/// [`through_set`] for a set of a per-CPU cache. A reader validates each
+/// entry with its seqlock (a torn entry is skipped, never used); a fill
+/// takes the entry's seqlock with a compare-exchange and skips the fill if
+/// another thread holds it. The generation protocol is the per-thread one:
+/// loaded before the index lookup, stored with the entry.
+#[inline(always)]
+fn through_shared_set<T>(
+    generation: &impl Generation,
+    set: &[SharedEntry<T>],
+    victim: usize,
+    addr: u64,
+    miss: impl FnOnce() -> *mut T,
+) -> (*mut T, bool) {
+    let now = generation.current();
+    for e in set {
+        // Acquire: pairs with the Release store that ended the fill; the
+        // fields below are at least that fill's.
+        let s1 = e.seq.load(Ordering::Acquire);
+        if s1 & 1 != 0 {
+            continue;
+        }
+        let a = e.addr.load(Ordering::Relaxed);
+        let r = e.rec.load(Ordering::Relaxed);
+        let g = e.generation.load(Ordering::Relaxed);
+        // Acquire fence: if a load above read a store of a later fill, that
+        // fill's Release fence synchronises with this one, so its odd `seq`
+        // is visible to the re-check and the entry is rejected.
+        fence(Ordering::Acquire);
+        if e.seq.load(Ordering::Relaxed) != s1 {
+            continue;
+        }
+        if a == addr && g == now {
+            return (r, true);
+        }
+    }
+    let rec = miss();
+    let filled_at = if cfg!(fprobe_canary) {
+        generation.current()
+    } else {
+        now
+    };
+    let e = &set[victim];
+    let s = e.seq.load(Ordering::Relaxed);
+    // Acquire: the field stores below stay after the lock.
+    if s & 1 == 0
+        && e.seq
+            .compare_exchange(s, s + 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    {
+        // Release fence: pairs with the readers' Acquire fence (above).
+        fence(Ordering::Release);
+        e.addr.store(addr, Ordering::Relaxed);
+        e.rec.store(rec, Ordering::Relaxed);
+        e.generation.store(filled_at, Ordering::Relaxed);
+        // Release: pairs with the readers' Acquire `seq` load.
+        e.seq.store(s + 2, Ordering::Release);
+    }
+    (rec, false)
+}
+
+/// Where the CPU number comes from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum CpuSource {
+    /// The `cpu_id` of the rseq area glibc (≥ 2.35) registers for every
+    /// thread: one thread-pointer-relative load.
+    Rseq(isize),
+    /// `sched_getcpu(3)` (a vDSO call on x86-64 and arm64).
+    SchedGetcpu,
+}
+
+impl CpuSource {
+    fn name(self) -> &'static str {
+        match self {
+            CpuSource::Rseq(_) => "rseq",
+            CpuSource::SchedGetcpu => "sched_getcpu",
+        }
+    }
+
+    /// The best source that works on this machine, or `None`.
+    fn detect() -> Option<CpuSource> {
+        #[cfg(all(
+            target_os = "linux",
+            any(target_arch = "x86_64", target_arch = "aarch64"),
+            not(miri),
+            not(loom)
+        ))]
+        {
+            // SAFETY: looking up glibc's exported data symbols by name;
+            // absent (older glibc, musl) they are null.
+            let (off, size) = unsafe {
+                (
+                    libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_offset".as_ptr()),
+                    libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_size".as_ptr()),
+                )
+            };
+            if !off.is_null() && !size.is_null() {
+                // SAFETY: glibc's `const ptrdiff_t __rseq_offset` and
+                // `const unsigned int __rseq_size`, set before `main`.
+                let (off, size) = unsafe { (*(off as *const isize), *(size as *const u32)) };
+                // Size 0: registration disabled or refused by the kernel.
+                if size >= 8 {
+                    let src = CpuSource::Rseq(off);
+                    if src.cpu().is_some() {
+                        return Some(src);
+                    }
+                }
+            }
+        }
+        #[cfg(not(any(miri, loom)))]
+        {
+            // SAFETY: no preconditions.
+            if unsafe { libc::sched_getcpu() } >= 0 {
+                return Some(CpuSource::SchedGetcpu);
+            }
+        }
+        None
+    }
+
+    /// The CPU the calling thread runs on now (it may move right after;
+    /// the per-CPU cache is correct either way).
+    #[inline(always)]
+    fn cpu(self) -> Option<usize> {
+        let id: i32 = match self {
+            #[cfg(all(
+                target_os = "linux",
+                any(target_arch = "x86_64", target_arch = "aarch64"),
+                not(miri),
+                not(loom)
+            ))]
+            CpuSource::Rseq(off) => {
+                let tp: usize;
+                // SAFETY: reads the thread pointer, no side effects.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp,
+                        options(nostack, readonly, preserves_flags));
+                }
+                // SAFETY: as above.
+                #[cfg(target_arch = "aarch64")]
+                unsafe {
+                    std::arch::asm!("mrs {}, tpidr_el0", out(reg) tp,
+                        options(nostack, nomem, preserves_flags));
+                }
+                // `struct rseq { u32 cpu_id_start; u32 cpu_id; ... }` at
+                // thread pointer + __rseq_offset, registered by glibc for
+                // every thread for its whole life; the kernel rewrites
+                // `cpu_id` on migration, hence the volatile read.
+                let p = tp.wrapping_add_signed(off).wrapping_add(4) as *const u32;
+                // SAFETY: see above; aligned (the rseq area is 32-aligned).
+                unsafe { std::ptr::read_volatile(p) as i32 }
+            }
+            #[cfg(not(all(
+                target_os = "linux",
+                any(target_arch = "x86_64", target_arch = "aarch64"),
+                not(miri),
+                not(loom)
+            )))]
+            CpuSource::Rseq(_) => -1,
+            CpuSource::SchedGetcpu => {
+                #[cfg(not(any(miri, loom)))]
+                {
+                    // SAFETY: no preconditions.
+                    unsafe { libc::sched_getcpu() }
+                }
+                #[cfg(any(miri, loom))]
+                {
+                    -1
+                }
+            }
+        };
+        usize::try_from(id).ok()
+    }
+}
+
+/// The per-CPU caches of one index.
+struct PerCpu {
+    source: CpuSource,
+    /// `cpus × entries`, CPU-major. Invariant: `cpus` is a power of two.
+    entries: Box<[SharedEntry<Header>]>,
+    cpus: usize,
 }
 
 /// Lookups per sampling window, and the bypass length.
@@ -325,7 +573,9 @@ pub(crate) struct HitCache {
     /// lookups go straight to the index).
     slot: Option<usize>,
     /// The index's write generation, bumped by every record publish/unlink.
-    pub(crate) generation: CachePadded<AtomicU64>,
+    pub(crate) generation: CachePadded<unmodelled::AtomicU64>,
+    /// The per-CPU caches, in per-CPU mode.
+    per_cpu: Option<PerCpu>,
 }
 
 impl HitCache {
@@ -344,7 +594,28 @@ impl HitCache {
                 threads: Mutex::new((Vec::new(), HitCacheStats::default())),
             }),
             slot,
-            generation: CachePadded(AtomicU64::new(0)),
+            generation: CachePadded(unmodelled::AtomicU64::new(0)),
+            per_cpu: if config.per_cpu {
+                CpuSource::detect().map(|source| {
+                    // CPU numbers up to the configured count (hot-plug
+                    // included); a larger one wraps, which is only slower.
+                    // SAFETY: no preconditions.
+                    let conf = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+                    let cpus = usize::try_from(conf)
+                        .unwrap_or(1)
+                        .max(1)
+                        .next_power_of_two();
+                    PerCpu {
+                        source,
+                        entries: (0..cpus * config.entries)
+                            .map(|_| SharedEntry::empty())
+                            .collect(),
+                        cpus,
+                    }
+                })
+            } else {
+                None
+            },
         }
     }
 
@@ -378,9 +649,19 @@ impl HitCache {
             return miss();
         }
         let base = (mix(addr) as usize & local.set_mask) * local.ways;
-        let set = &local.entries[base..base + local.ways];
         let victim = local.victim.get() & (local.ways - 1);
-        let (rec, hit) = through_set(&*self.generation, set, victim, addr, miss);
+        let (rec, hit) = match &self.per_cpu {
+            None => {
+                let set = &local.entries[base..base + local.ways];
+                through_set(&*self.generation, set, victim, addr, miss)
+            }
+            Some(pc) => {
+                let cpu = pc.source.cpu().unwrap_or(0) & (pc.cpus - 1);
+                let base = cpu * self.shared.config.entries + base;
+                let set = &pc.entries[base..base + local.ways];
+                through_shared_set(&*self.generation, set, victim, addr, miss)
+            }
+        };
         if hit {
             Counters::bump(&local.counters.hits);
             local.window_hits.set(local.window_hits.get() + 1);
@@ -399,7 +680,11 @@ impl HitCache {
         let counters = Arc::new(Counters::default());
         let local = Box::new(Local {
             owner: self.shared.clone(),
-            entries: (0..c.entries).map(|_| Cell::new(EMPTY)).collect(),
+            // In per-CPU mode the thread keeps counters and the bypass
+            // state only.
+            entries: (0..if self.per_cpu.is_some() { 0 } else { c.entries })
+                .map(|_| Cell::new(EMPTY))
+                .collect(),
             set_mask: c.entries / c.ways - 1,
             ways: c.ways,
             victim: Cell::new(0),
@@ -444,7 +729,22 @@ impl HitCache {
             s.bypassed += c.bypassed.load(Ordering::Relaxed);
         }
         s.threads = list.len();
-        s.bytes_per_thread = self.shared.config.bytes_per_thread();
+        let c = self.shared.config;
+        match &self.per_cpu {
+            Some(pc) => {
+                s.bytes_per_thread = c.bytes_per_thread();
+                s.bytes_per_cpu_total = pc.cpus * c.bytes_per_cpu();
+                s.cpu_source = pc.source.name();
+            }
+            None => {
+                s.bytes_per_thread = HitCacheConfig {
+                    per_cpu: false,
+                    ..c
+                }
+                .bytes_per_thread();
+                s.cpu_source = "per-thread";
+            }
+        }
         s
     }
 }
@@ -497,7 +797,7 @@ mod loom_tests {
     use loom::sync::Arc;
     use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-    use super::{Entry, Generation, through_set};
+    use super::{Entry, Generation, SharedEntry, through_set, through_shared_set};
 
     #[test]
     fn loom_hit_cache_never_returns_a_record_replaced_before_the_lookup() {
@@ -538,6 +838,63 @@ mod loom_tests {
             });
             writer.join().unwrap();
             reader.join().unwrap();
+        });
+    }
+
+    /// The per-CPU variant: two threads share one set (same CPU, or a
+    /// migration mid-lookup) and fill it concurrently while the writer
+    /// replaces the record. Neither may use a torn entry nor a replaced
+    /// record once the write returned.
+    #[test]
+    fn loom_per_cpu_hit_cache_shared_set() {
+        loom::model(|| {
+            // Two records, leaked for the model's duration.
+            let v1 = Box::into_raw(Box::new(1u32));
+            let v2 = Box::into_raw(Box::new(2u32));
+            let (p1, p2) = (v1 as usize, v2 as usize);
+            let generation = Arc::new(AtomicU64::new(0));
+            let record = Arc::new(loom::sync::atomic::AtomicPtr::new(v1));
+            let returned = Arc::new(AtomicBool::new(false));
+            let set = Arc::new([SharedEntry::<u32>::empty(), SharedEntry::<u32>::empty()]);
+            let writer = {
+                let (g, r, done) = (generation.clone(), record.clone(), returned.clone());
+                loom::thread::spawn(move || {
+                    r.store(v2, Ordering::Release);
+                    g.advance();
+                    done.store(true, Ordering::Release);
+                })
+            };
+            let readers: Vec<_> = (0..2)
+                .map(|i| {
+                    let (g, r, done, set) = (
+                        generation.clone(),
+                        record.clone(),
+                        returned.clone(),
+                        set.clone(),
+                    );
+                    loom::thread::spawn(move || {
+                        let index = || r.load(Ordering::Acquire);
+                        let (first, _) = through_shared_set(&*g, &set[..], i, 7, index);
+                        assert!(first as usize == p1 || first as usize == p2, "torn entry");
+                        if i == 1 && done.load(Ordering::Acquire) {
+                            let (second, _) = through_shared_set(&*g, &set[..], 0, 7, index);
+                            assert_eq!(
+                                second as usize, p2,
+                                "per-CPU hit cache returned a replaced record"
+                            );
+                        }
+                    })
+                })
+                .collect();
+            writer.join().unwrap();
+            for r in readers {
+                r.join().unwrap();
+            }
+            // SAFETY: every thread has finished with them.
+            unsafe {
+                drop(Box::from_raw(v1));
+                drop(Box::from_raw(v2));
+            }
         });
     }
 }

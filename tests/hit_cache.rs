@@ -7,9 +7,18 @@ use std::time::Duration;
 use fprobe::{AddrIndex, Error, HitCacheConfig, rcu};
 
 fn cached<V: Clone + Send + Sync + 'static>(ways: usize) -> AddrIndex<V> {
+    cached_mode(ways, false)
+}
+
+fn cached_mode<V: Clone + Send + Sync + 'static>(ways: usize, per_cpu: bool) -> AddrIndex<V> {
     AddrIndex::builder()
         .min_capacity(8)
-        .hit_cache(HitCacheConfig::default().entries(64).ways(ways))
+        .hit_cache(
+            HitCacheConfig::default()
+                .entries(64)
+                .ways(ways)
+                .per_cpu(per_cpu),
+        )
         .build()
         .unwrap()
 }
@@ -44,8 +53,8 @@ fn cached_and_uncached_agree_through_resizes() {
     } else {
         (&[1, 2, 4, 8], 4000)
     };
-    for &ways in all_ways {
-        let c = cached::<u64>(ways);
+    for (&ways, per_cpu) in all_ways.iter().flat_map(|w| [(w, false), (w, true)]) {
+        let c = cached_mode::<u64>(ways, per_cpu);
         let u: AddrIndex<u64> = AddrIndex::builder().min_capacity(8).build().unwrap();
         let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ ways as u64;
         let mut ids = Vec::new();
@@ -69,7 +78,7 @@ fn cached_and_uncached_agree_through_resizes() {
             assert_eq!(
                 c.get(a, &g),
                 u.get(a, &g),
-                "ways {ways}, step {step}, addr {a}"
+                "ways {ways}, per-CPU {per_cpu}, step {step}, addr {a}"
             );
         }
     }
@@ -109,13 +118,49 @@ fn dropped_index_cache_slot_is_not_reused_stale() {
 /// inserted (and announced) before the lookup and not yet removed is seen.
 #[test]
 fn never_stale_under_churn() {
+    churn(HitCacheConfig::default());
+}
+
+/// The same with one cache per CPU: the four threads share the caches of
+/// the CPUs they run on, and fill and read them concurrently.
+#[test]
+fn never_stale_under_churn_per_cpu() {
+    churn(HitCacheConfig::default().per_cpu(true));
+}
+
+#[test]
+fn per_cpu_mode_reports_its_source_and_memory() {
+    let index: AddrIndex<u32> = AddrIndex::builder()
+        .hit_cache(HitCacheConfig::default().per_cpu(true))
+        .build()
+        .unwrap();
+    index.insert(5, 1).unwrap();
+    assert_eq!(index.lookup(5, |v| v[0]), Some(1));
+    assert_eq!(index.lookup(5, |v| v[0]), Some(1));
+    let s = index.hit_cache_stats().unwrap();
+    assert_eq!((s.misses, s.hits), (1, 1));
+    if cfg!(all(target_os = "linux", not(miri))) {
+        assert!(
+            s.cpu_source == "rseq" || s.cpu_source == "sched_getcpu",
+            "{}",
+            s.cpu_source
+        );
+        assert!(s.bytes_per_cpu_total >= HitCacheConfig::default().bytes_per_cpu());
+        assert!(s.bytes_per_thread < 1024, "threads keep counters only");
+    }
+    let plain: AddrIndex<u32> = AddrIndex::builder()
+        .hit_cache(HitCacheConfig::default())
+        .build()
+        .unwrap();
+    plain.lookup(5, |v| v.len());
+    let s = plain.hit_cache_stats().unwrap();
+    assert_eq!((s.cpu_source, s.bytes_per_cpu_total), ("per-thread", 0));
+}
+
+fn churn(config: HitCacheConfig) {
     const HOT: usize = 8;
-    let index: Arc<AddrIndex<u64>> = Arc::new(
-        AddrIndex::builder()
-            .hit_cache(HitCacheConfig::default())
-            .build()
-            .unwrap(),
-    );
+    let index: Arc<AddrIndex<u64>> =
+        Arc::new(AddrIndex::builder().hit_cache(config).build().unwrap());
     // Per address: last serial whose insert returned, whose remove started,
     // and whose remove returned.
     let inserted: Arc<Vec<AtomicU64>> = Arc::new((0..HOT).map(|_| AtomicU64::new(0)).collect());
