@@ -61,6 +61,12 @@ typedef struct fprobe_config {
   size_t max_depth;
   // Addresses to presize the index for (default 0: grows on demand).
   size_t capacity;
+  // Entries of the recent-hit cache in front of the index (a power of
+  // two in 16..=65536, 4-way); 0: no cache (the default, and usually
+  // faster: see BENCHMARKS.md).
+  size_t hit_cache_entries;
+  // Non-zero: one hit cache per CPU instead of per thread.
+  int hit_cache_per_cpu;
 } fprobe_config;
 
 // What an entry handler sees.

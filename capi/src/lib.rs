@@ -133,6 +133,12 @@ pub struct fprobe_config {
     pub max_depth: usize,
     /// Addresses to presize the index for (default 0: grows on demand).
     pub capacity: usize,
+    /// Entries of the recent-hit cache in front of the index (a power of
+    /// two in 16..=65536, 4-way); 0: no cache (the default, and usually
+    /// faster: see BENCHMARKS.md).
+    pub hit_cache_entries: usize,
+    /// Non-zero: one hit cache per CPU instead of per thread.
+    pub hit_cache_per_cpu: c_int,
 }
 
 /// What an entry handler sees.
@@ -355,6 +361,13 @@ pub unsafe extern "C" fn fprobe_registry_new(
         }
         if c.capacity != 0 {
             b = b.capacity(c.capacity);
+        }
+        if c.hit_cache_entries != 0 {
+            b = b.hit_cache(
+                fprobe::HitCacheConfig::default()
+                    .entries(c.hit_cache_entries)
+                    .per_cpu(c.hit_cache_per_cpu != 0),
+            );
         }
         let reg = b.build().map_err(code)?;
         let handle = Box::new(fprobe_registry {

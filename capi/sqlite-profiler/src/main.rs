@@ -17,6 +17,7 @@
 //!
 //! ```text
 //! cargo run --release -p fprobe-sqlite-profiler -- [--rows N] [--threads 1,2] [--reps R] [--top K]
+//!     [--handlers profile|noop] [--modes plain,detached,fprobe,hashmap] [--hit-cache N[,percpu]]
 //! ```
 
 mod baseline;
@@ -149,7 +150,11 @@ struct Handlers {
     exit: fprobe_exit_fn,
 }
 
+/// `--hit-cache N[,percpu]`: the registry's hit cache (entries, per-CPU).
+static HIT_CACHE: std::sync::OnceLock<(usize, std::ffi::c_int)> = std::sync::OnceLock::new();
+
 fn run(libs: &Libs, funcs: &[Func], h: Handlers, mode: Mode, threads: usize, rows: i64) -> Run {
+    let hit_cache = *HIT_CACHE.get_or_init(|| (0, 0));
     let mut out = Run {
         wall: Duration::ZERO,
         checksum: 0,
@@ -166,6 +171,8 @@ fn run(libs: &Libs, funcs: &[Func], h: Handlers, mode: Mode, threads: usize, row
                 data_size: 8,
                 max_depth: 256,
                 instances: 16384,
+                hit_cache_entries: hit_cache.0,
+                hit_cache_per_cpu: hit_cache.1,
                 ..Default::default()
             };
             let mut r = std::ptr::null_mut();
@@ -300,6 +307,10 @@ fn main() {
     // --handlers profile (default) | noop: noop handlers measure the
     // dispatchers alone.
     let noop = arg(&args, "--handlers", "profile".to_string()) == "noop";
+    let hc = arg(&args, "--hit-cache", "0".to_string());
+    let mut hc = hc.split(',');
+    let entries = hc.next().unwrap().parse().expect("--hit-cache N[,percpu]");
+    let _ = HIT_CACHE.set((entries, std::ffi::c_int::from(hc.next() == Some("percpu"))));
     let handlers = if noop {
         Handlers {
             entry: Some(prof::noop_entry),
