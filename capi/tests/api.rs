@@ -134,6 +134,34 @@ fn bad_config_and_probe_are_invalid() {
         };
         assert_eq!(fprobe_registry_new(&cfg, &mut r), FPROBE_E_INVALID);
         assert!(r.is_null(), "no output on error");
+        let cfg = fprobe_config {
+            hit_cache_entries: 100, // not a power of two
+            ..Default::default()
+        };
+        assert_eq!(fprobe_registry_new(&cfg, &mut r), FPROBE_E_INVALID);
+        assert!(r.is_null());
+        for per_cpu in [0, 1] {
+            let cfg = fprobe_config {
+                hit_cache_entries: 64,
+                hit_cache_per_cpu: per_cpu,
+                ..Default::default()
+            };
+            assert_eq!(fprobe_registry_new(&cfg, &mut r), FPROBE_OK);
+            let c = counts();
+            let p = probe_for(&c);
+            let mut h = 0;
+            assert_eq!(
+                fprobe_register(r, &p, [9u64].as_ptr(), null(), 1, &mut h),
+                FPROBE_OK
+            );
+            for _ in 0..3 {
+                fprobe_on_entry(r, 9, 1, null_mut());
+                fprobe_on_exit(r, 1, null_mut());
+            }
+            assert_eq!(c.exits.load(Ordering::Relaxed), 3, "per-CPU {per_cpu}");
+            assert_eq!(fprobe_registry_destroy(r), FPROBE_OK);
+            r = null_mut();
+        }
         let r = new_registry();
         let c = counts();
         let mut p = probe_for(&c);
