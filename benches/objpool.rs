@@ -45,8 +45,7 @@ fn measure(pools: &Pools, p: Pattern, threads: usize, secs: f64) -> f64 {
                 let mut done = 0u64;
                 start.wait();
                 while !stop.load(Ordering::Relaxed) {
-                    pools.pairs(p, &mut state, BATCH);
-                    done += BATCH;
+                    done += pools.pairs(p, &mut state, BATCH);
                     c.0.store(done, Ordering::Relaxed);
                 }
             });
@@ -125,7 +124,11 @@ fn main() {
         }
     }
 
-    println!("Total M pairs/s (M/s per thread), median of {RUNS} runs of {secs} s:");
+    let (objpool_missed, retinst_missed) = pools.nmissed();
+    println!(
+        "Total M pairs/s (M/s per thread), median of {RUNS} runs of {secs} s \
+         (pops that missed, not counted: ObjPool {objpool_missed}, retinst {retinst_missed}):"
+    );
     println!();
     print!("| pool |");
     for t in &threads {

@@ -216,14 +216,21 @@ impl Pools {
     }
 
     /// `n` calls' worth of `p` (get an instance, touch it, give it back);
-    /// one dispatch on `p` per batch, so the loops are monomorphic.
+    /// one dispatch on `p` per batch, so the loops are monomorphic. Returns
+    /// the calls that got an instance: fprobe's pools can miss while
+    /// objects sit behind a pusher preempted between reserving and
+    /// publishing a ring position (see [`Pools::nmissed`]); the baselines
+    /// never miss here.
     #[inline(never)]
-    pub fn pairs(&self, p: Pattern, state: &mut ThreadState, n: u64) {
+    pub fn pairs(&self, p: Pattern, state: &mut ThreadState, n: u64) -> u64 {
+        let mut done = n;
         match p {
             Pattern::ObjPool => {
                 for _ in 0..n {
-                    let mut o = self.objpool.pop().expect("one in flight per thread");
-                    touch(&mut o);
+                    match self.objpool.pop() {
+                        Some(mut o) => touch(&mut o),
+                        None => done -= 1,
+                    }
                 }
             }
             Pattern::Treiber => {
@@ -260,7 +267,10 @@ impl Pools {
             Pattern::RetInst => {
                 let s = state.as_mut().expect("thread_state(RetInst)");
                 for _ in 0..n {
-                    let data = s.push(PROBE, ADDR, 16).expect("depth 1");
+                    let Ok(data) = s.push(PROBE, ADDR, 16) else {
+                        done -= 1;
+                        continue;
+                    };
                     data[0] = data[0].wrapping_add(1);
                     let ri = s.pop().expect("just pushed");
                     black_box(ri.data()[0]);
@@ -279,5 +289,15 @@ impl Pools {
                 }
             }
         }
+        done
+    }
+
+    /// Pops that found no instance so far: `(ObjPool, retinst)`.
+    pub fn nmissed(&self) -> (u64, u64) {
+        let r = self.retinst.stats();
+        (
+            self.objpool.nmissed(),
+            r.nmissed_exhausted + r.nmissed_depth,
+        )
     }
 }

@@ -51,8 +51,7 @@ fn run(cfg: &Config, bench: &'static str, cases: &[(Pattern, &'static str, &str)
                 let mut state = pools.thread_state(p);
                 // Relaxed: see run_producers; polled once per batch.
                 while !stop.load(Ordering::Relaxed) {
-                    pools.pairs(p, &mut state, BATCH as u64);
-                    counter.add(BATCH as u64);
+                    counter.add(pools.pairs(p, &mut state, BATCH as u64));
                 }
             }),
         })
@@ -64,5 +63,13 @@ fn run(cfg: &Config, bench: &'static str, cases: &[(Pattern, &'static str, &str)
         title: format!("{bench}: M pairs/s (entry + return)"),
         reference: cases[0].1,
     };
-    compare::run(cfg, &labels, &contenders)
+    let rows = compare::run(cfg, &labels, &contenders);
+    let (objpool, retinst) = pools.nmissed();
+    let missed = if bench == "objpool" { objpool } else { retinst };
+    println!(
+        "{}: {missed} calls found no instance (not counted above; a pool misses while its \
+         objects sit behind a pusher preempted mid-push)\n",
+        cases[0].1
+    );
+    rows
 }

@@ -113,8 +113,8 @@ fn run(cfg: &Config, shape: Shape) -> Vec<Row> {
 }
 
 /// Calls the stream's addresses in batches until `stop`, then checks that
-/// the handlers saw every call (and, with exit handlers, every return with
-/// its data intact).
+/// the entry handlers saw every call, and warns unless the exit handlers
+/// (if any) saw every return with its data intact.
 fn producer(
     d: &dyn Dispatch,
     name: &str,
@@ -136,7 +136,10 @@ fn producer(
         }
     }
     assert_eq!(hits.entries.get(), calls, "{name}: entry handler runs");
-    if exit {
-        assert_eq!(hits.exits.get(), calls, "{name}: intact exit handler runs");
+    let exits = hits.exits.get();
+    if exit && exits != calls {
+        // Possible only where a return instance could not be reserved
+        // (fprobe counts those as missed); worth seeing, not fatal.
+        eprintln!("  warning: {name}: {exits} intact exit handler runs for {calls} calls");
     }
 }
