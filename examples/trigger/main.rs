@@ -169,7 +169,7 @@ fn usage() -> String {
          benchmarks:\n",
     );
     for b in BENCHES {
-        s += &format!("  {:<14}{}\n", b.name, b.about);
+        s += &format!("  {:<21}{}\n", b.name, b.about);
     }
     for (benches, names) in impl_groups() {
         s += &format!("\n{benches} implementations:\n");
