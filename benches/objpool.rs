@@ -12,18 +12,15 @@
 //! thread samples the counters after a 0.2 s warm-up and again after
 //! `FPROBE_BENCH_SECS` (default 1 s). Each cell is the median of 3 runs.
 
-mod common;
+#[path = "common/pools.rs"]
+mod pools;
 
 use std::hint::black_box;
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crossbeam_queue::ArrayQueue;
-use fprobe::ObjPool;
-use fprobe::retinst::{ProbeRef, RetInstPool, ReturnStack};
-
-use common::{MutexPool, Obj, TreiberFreelist};
+use pools::{KRETPROBE, Pattern, Pools, URETPROBE};
 
 /// Objects in every pool.
 const NR_OBJS: usize = 1024;
@@ -34,13 +31,9 @@ const RUNS: usize = 3;
 #[repr(align(128))]
 struct Padded(AtomicU64);
 
-/// Runs `op` on `threads` threads (each with its own state from `init`)
-/// and returns total M pairs/s over the measured window.
-fn measure<S, I, O>(threads: usize, secs: f64, init: &I, op: &O) -> f64
-where
-    I: Fn() -> S + Sync,
-    O: Fn(&mut S) + Sync,
-{
+/// Runs `p` on `threads` threads and returns total M pairs/s over the
+/// measured window.
+fn measure(pools: &Pools, p: Pattern, threads: usize, secs: f64) -> f64 {
     let counters: Vec<Padded> = (0..threads).map(|_| Padded(AtomicU64::new(0))).collect();
     let stop = AtomicBool::new(false);
     let start = Barrier::new(threads + 1);
@@ -48,14 +41,11 @@ where
         for c in &counters {
             let (stop, start) = (&stop, &start);
             s.spawn(move || {
-                let mut state = init();
+                let mut state = pools.thread_state(p);
                 let mut done = 0u64;
                 start.wait();
                 while !stop.load(Ordering::Relaxed) {
-                    for _ in 0..BATCH {
-                        op(&mut state);
-                    }
-                    done += BATCH;
+                    done += pools.pairs(p, &mut state, BATCH);
                     c.0.store(done, Ordering::Relaxed);
                 }
             });
@@ -76,22 +66,12 @@ where
     })
 }
 
-fn median<S, I, O>(threads: usize, secs: f64, init: &I, op: &O) -> f64
-where
-    I: Fn() -> S + Sync,
-    O: Fn(&mut S) + Sync,
-{
+fn median(pools: &Pools, p: Pattern, threads: usize, secs: f64) -> f64 {
     let mut runs: Vec<f64> = (0..RUNS)
-        .map(|_| measure(threads, secs, init, op))
+        .map(|_| measure(pools, p, threads, secs))
         .collect();
     runs.sort_by(f64::total_cmp);
     runs[RUNS / 2]
-}
-
-#[inline(always)]
-fn touch(o: &mut Obj) {
-    o[0] = o[0].wrapping_add(1);
-    black_box(o);
 }
 
 /// Nanoseconds per call of `f`, single-threaded.
@@ -124,117 +104,31 @@ fn main() {
     );
     println!();
 
-    let objpool = ObjPool::new(NR_OBJS, |_| [0u64; 8]);
-    let treiber = TreiberFreelist::new(NR_OBJS);
-    let mutex = MutexPool::new(NR_OBJS);
-    let queue = ArrayQueue::new(NR_OBJS);
-    for _ in 0..NR_OBJS {
-        queue.push(Box::new([0u64; 8])).unwrap();
-    }
-    let retinst = RetInstPool::builder()
-        .instances(NR_OBJS)
-        .data_size(64)
-        .build()
-        .unwrap();
-    let probe = ProbeRef {
-        id: 1,
-        generation: 1,
-    };
-
-    #[derive(Default)]
-    struct Row {
-        name: &'static str,
-        rates: Vec<f64>,
-    }
-    let mut rows: Vec<Row> = Vec::new();
-    let mut cell = |name: &'static str, rate: f64| {
-        match rows.iter_mut().find(|r| r.name == name) {
-            Some(r) => r.rates.push(rate),
-            None => rows.push(Row {
-                name,
-                rates: vec![rate],
-            }),
-        }
-        eprintln!("  {name:<40} {rate:8.2} M/s");
-    };
-
+    let pools = Pools::new(NR_OBJS);
+    let cases: Vec<(Pattern, String)> = KRETPROBE
+        .iter()
+        .map(|&(p, name, _)| (p, format!("kretprobe: {name}")))
+        .chain(
+            URETPROBE
+                .iter()
+                .map(|&(p, name, _)| (p, format!("uretprobe-nop: {name}"))),
+        )
+        .collect();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     for &t in &threads {
         eprintln!("{t} thread(s):");
-        let none = || ();
-        cell(
-            "kretprobe: fprobe::ObjPool",
-            median(t, secs, &none, &|_: &mut ()| {
-                let mut o = objpool.pop().unwrap();
-                touch(&mut o);
-            }),
-        );
-        cell(
-            "kretprobe: Treiber freelist (tagged)",
-            median(t, secs, &none, &|_: &mut ()| {
-                let i = treiber.pop().unwrap();
-                // SAFETY: index `i` is ours until pushed back.
-                touch(unsafe { &mut *treiber.obj(i) });
-                treiber.push(i);
-            }),
-        );
-        cell(
-            "kretprobe: Mutex<Vec>",
-            median(t, secs, &none, &|_: &mut ()| {
-                let mut b = mutex.0.lock().unwrap().pop().unwrap();
-                touch(&mut b);
-                mutex.0.lock().unwrap().push(b);
-            }),
-        );
-        cell(
-            "kretprobe: crossbeam ArrayQueue",
-            median(t, secs, &none, &|_: &mut ()| {
-                let mut b = queue.pop().unwrap();
-                touch(&mut b);
-                queue.push(b).unwrap();
-            }),
-        );
-        cell(
-            "kretprobe: Box alloc/free (glibc malloc)",
-            median(t, secs, &none, &|_: &mut ()| {
-                // `black_box` on the value: `Box::new([0; 8])` would become
-                // `calloc`, which bypasses glibc's tcache (3x slower here).
-                let mut b = black_box(Box::new(black_box([0u64; 8])));
-                touch(&mut b);
-                drop(black_box(b));
-            }),
-        );
-        let stack = || retinst.register_thread();
-        cell(
-            "uretprobe-nop: retinst (per-thread reuse)",
-            median(t, secs, &stack, &|s: &mut ReturnStack| {
-                let data = s.push(probe, 0x401000, 16).unwrap();
-                data[0] = data[0].wrapping_add(1);
-                let ri = s.pop().unwrap();
-                black_box(ri.data()[0]);
-            }),
-        );
-        /// What a return instance holds, allocated per call.
-        struct BoxedRi {
-            probe: ProbeRef,
-            addr: u64,
-            data: [u8; 64],
+        for ((p, name), r) in cases.iter().zip(&mut rates) {
+            let rate = median(&pools, *p, t, secs);
+            eprintln!("  {name:<40} {rate:8.2} M/s");
+            r.push(rate);
         }
-        cell(
-            "uretprobe-nop: Box alloc/free per call",
-            median(t, secs, &none, &|_: &mut ()| {
-                let mut ri = black_box(Box::new(black_box(BoxedRi {
-                    probe,
-                    addr: 0x401000,
-                    data: [0; 64],
-                })));
-                ri.data[0] = ri.data[0].wrapping_add(1);
-                black_box((ri.probe, ri.addr, ri.data[0]));
-                drop(black_box(ri));
-            }),
-        );
     }
 
-    println!("Total M pairs/s (M/s per thread), median of {RUNS} runs of {secs} s:");
+    let (objpool_missed, retinst_missed) = pools.nmissed();
+    println!(
+        "Total M pairs/s (M/s per thread), median of {RUNS} runs of {secs} s \
+         (pops that missed, not counted: ObjPool {objpool_missed}, retinst {retinst_missed}):"
+    );
     println!();
     print!("| pool |");
     for t in &threads {
@@ -246,9 +140,9 @@ fn main() {
         print!("---|");
     }
     println!();
-    for r in &rows {
-        print!("| {} |", r.name);
-        for (rate, t) in r.rates.iter().zip(&threads) {
+    for ((_, name), r) in cases.iter().zip(&rates) {
+        print!("| {name} |");
+        for (rate, t) in r.iter().zip(&threads) {
             print!(" {:.1} ({:.1}) |", rate, rate / *t as f64);
         }
         println!();

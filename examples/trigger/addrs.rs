@@ -164,6 +164,9 @@ pub enum Workload {
     Uniform,
     /// 90% of lookups on 64 addresses, 10% uniform.
     Hot,
+    /// Every lookup on one address (the first of the hot set): the kernel's
+    /// trigger calling one probed function.
+    One,
 }
 
 impl Workload {
@@ -172,7 +175,8 @@ impl Workload {
             .map(|w| match w.trim() {
                 "uniform" => Ok(Self::Uniform),
                 "hot" => Ok(Self::Hot),
-                _ => Err(format!("unknown workload {w:?} (uniform|hot)")),
+                "one" => Ok(Self::One),
+                _ => Err(format!("unknown workload {w:?} (uniform|hot|one)")),
             })
             .collect()
     }
@@ -181,6 +185,7 @@ impl Workload {
         match self {
             Self::Uniform => "uniform",
             Self::Hot => "hot",
+            Self::One => "one",
         }
     }
 }
@@ -215,6 +220,7 @@ pub fn streams(
             (0..len)
                 .map(|_| match workload {
                     Workload::Hot if rng.random_ratio(9, 10) => hot[rng.random_range(0..hot.len())],
+                    Workload::One => hot[0],
                     _ => addrs[rng.random_range(0..addrs.len())],
                 })
                 .collect()

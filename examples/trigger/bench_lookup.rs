@@ -3,11 +3,12 @@
 //! same per-producer address streams.
 
 use std::hint::black_box;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::Config;
-use crate::addrs;
-use crate::harness::{self, Samples};
+use crate::addrs::{self, Workload};
+use crate::compare::{self, Contender, Labels};
+use crate::harness::PaddedCounter;
 use crate::impls::{self, BATCH, Impl};
 use crate::report::{self, Row};
 
@@ -27,93 +28,40 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     let imps = impls::build(&data, &|name| cfg.keep_impl(name));
     let max_threads = *cfg.threads.iter().max().expect("at least one thread count");
     let mut rows = Vec::new();
-    for &w in &cfg.workloads {
+    for w in cfg.workloads_or(&[Workload::Uniform, Workload::Hot]) {
         let streams = addrs::streams(&set.addrs, w, max_threads, BATCH, cfg.seed);
         check_same_answers(&imps, &streams[0]);
-        let mut cells: Vec<(usize, usize, Samples)> = Vec::new(); // (impl, threads, samples)
-        for &t in &cfg.threads {
-            let mut per_impl: Vec<Samples> = vec![Samples::default(); imps.len()];
-            for round in 0..cfg.rounds {
-                for (k, imp) in imps.iter().enumerate() {
-                    let s =
-                        harness::run_producers(t, 0, &cfg.cpus, cfg.timing, |i, counter, stop| {
-                            let stream = &streams[i];
-                            let mut pos = 0;
-                            let mut acc = 0u64;
-                            // Relaxed: see run_producers; polled once per batch.
-                            while !stop.load(Ordering::Relaxed) {
-                                let batch = black_box(&stream[pos..pos + BATCH]);
-                                acc = acc.wrapping_add(imp.map.batch(batch));
-                                counter.add(BATCH as u64);
-                                pos += BATCH;
-                                if pos == stream.len() {
-                                    pos = 0;
-                                }
-                            }
-                            black_box(acc);
-                        });
-                    eprintln!(
-                        "  lookup {:<7} {t:>2}T round {}/{}  {:<24} {:>8.2} M/s{}",
-                        w.name(),
-                        round + 1,
-                        cfg.rounds,
-                        imp.name,
-                        s.median() / 1e6,
-                        if s.unpinned > 0 {
-                            format!("  ({} producer(s) unpinned)", s.unpinned)
-                        } else {
-                            String::new()
+        let streams = &streams;
+        let contenders: Vec<Contender> = imps
+            .iter()
+            .map(|imp| Contender {
+                name: imp.name,
+                producer: Box::new(move |i, counter: &PaddedCounter, stop: &AtomicBool| {
+                    let stream = &streams[i];
+                    let mut pos = 0;
+                    let mut acc = 0u64;
+                    // Relaxed: see run_producers; polled once per batch.
+                    while !stop.load(Ordering::Relaxed) {
+                        let batch = black_box(&stream[pos..pos + BATCH]);
+                        acc = acc.wrapping_add(imp.map.batch(batch));
+                        counter.add(BATCH as u64);
+                        pos += BATCH;
+                        if pos == stream.len() {
+                            pos = 0;
                         }
-                    );
-                    per_impl[k].extend(s);
-                }
-            }
-            for (k, s) in per_impl.into_iter().enumerate() {
-                cells.push((k, t, s));
-            }
-        }
-        let mut body = Vec::new();
-        for (k, imp) in imps.iter().enumerate() {
-            for (_, t, s) in cells.iter().filter(|c| c.0 == k) {
-                let fprobe = cells
-                    .iter()
-                    .find(|c| imps[c.0].name == "fprobe" && c.1 == *t)
-                    .map(|c| c.2.median());
-                let row = Row {
-                    bench: "lookup",
-                    workload: w.name().into(),
-                    addrs: n,
-                    imp: imp.name.into(),
-                    threads: *t,
-                    unit: "M/s",
-                    mean: s.mean() / 1e6,
-                    stddev: s.stddev() / 1e6,
-                    median: s.median() / 1e6,
-                    samples: s.rates.len(),
-                };
-                body.push(vec![
-                    imp.name.to_string(),
-                    t.to_string(),
-                    format!("{:.2} ± {:.2}", row.mean, row.stddev),
-                    format!("{:.2}", row.median),
-                    format!("{:.2}", row.per_thread()),
-                    fprobe.map_or("–".into(), |f| format!("{:.2}×", f / s.median())),
-                ]);
-                rows.push(row);
-            }
-        }
-        report::print_table(
-            &format!("lookup, {} workload, {n} addresses", w.name()),
-            &[
-                "implementation",
-                "threads",
-                "M/s mean ± sd",
-                "M/s median",
-                "M/s per producer",
-                "fprobe ÷ this (medians)",
-            ],
-            &body,
-        );
+                    }
+                    black_box(acc);
+                }),
+            })
+            .collect();
+        let labels = Labels {
+            bench: "lookup",
+            workload: w.name(),
+            addrs: n,
+            title: format!("lookup, {} workload, {n} addresses", w.name()),
+            reference: "fprobe",
+        };
+        rows.extend(compare::run(cfg, &labels, &contenders));
     }
     print_targets(&rows, &cfg.threads);
     rows

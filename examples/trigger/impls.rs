@@ -60,10 +60,6 @@ pub const NAMES: &[(&str, &str)] = &[
     ),
 ];
 
-pub fn known(name: &str) -> bool {
-    NAMES.iter().any(|(n, _)| *n == name)
-}
-
 /// Builds the implementations whose names pass `keep`, in [`NAMES`] order.
 pub fn build(data: &[(u64, Vec<u64>)], keep: &dyn Fn(&str) -> bool) -> Vec<Impl> {
     let hb = || -> hashbrown::HashMap<u64, Vec<u64>> { data.iter().cloned().collect() };

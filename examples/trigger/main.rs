@@ -6,6 +6,9 @@
 //! cargo run --release --example trigger                      # lookup, both workloads, 1..=nproc threads
 //! cargo run --release --example trigger -- --bench registration
 //! cargo run --release --example trigger -- --bench churn
+//! cargo run --release --example trigger -- --bench kprobe-multi,kprobe-multi-all,kretprobe-multi-all
+//! cargo run --release --example trigger -- --bench objpool,uretprobe-nop --threads 1,2
+//! cargo run --release --example trigger -- --bench all
 //! cargo run --release --example trigger -- --help
 //! ```
 //!
@@ -17,9 +20,15 @@
 mod addrs;
 mod bench_churn;
 mod bench_lookup;
+mod bench_pools;
+mod bench_probe;
 mod bench_registration;
+mod compare;
+mod dispatch;
 mod harness;
 mod impls;
+#[path = "../../benches/common/pools.rs"]
+mod pools;
 mod report;
 
 use std::process::ExitCode;
@@ -53,7 +62,49 @@ pub const BENCHES: &[BenchDef] = &[
         about: "fprobe reader throughput while a writer inserts/removes, as a ratio to an idle writer",
         run: bench_churn::run,
     },
+    BenchDef {
+        name: "kprobe-multi",
+        about: "M calls/s (entry + exit hook) of one probe on one address, fprobe vs locked-HashMap dispatchers",
+        run: bench_probe::run_kprobe_multi,
+    },
+    BenchDef {
+        name: "kprobe-multi-all",
+        about: "the same with the probe on every address of the set, producers cycling through them",
+        run: bench_probe::run_kprobe_multi_all,
+    },
+    BenchDef {
+        name: "kretprobe-multi-all",
+        about: "kprobe-multi-all with an exit handler: a return instance reserved and released per call",
+        run: bench_probe::run_kretprobe_multi_all,
+    },
+    BenchDef {
+        name: "objpool",
+        about: "M pairs/s of pop + push: fprobe::ObjPool vs Treiber freelist, ArrayQueue, Mutex<Vec>, malloc",
+        run: bench_pools::run_objpool,
+    },
+    BenchDef {
+        name: "uretprobe-nop",
+        about: "M pairs/s of return-instance reserve + release: fprobe::retinst reuse vs a Box per call",
+        run: bench_pools::run_uretprobe_nop,
+    },
 ];
+
+/// Implementation names `--impls` accepts, per group of benchmarks.
+fn impl_groups() -> [(&'static str, Vec<(&'static str, &'static str)>); 3] {
+    let pools = pools::KRETPROBE
+        .iter()
+        .chain(pools::URETPROBE)
+        .map(|&(_, n, about)| (n, about))
+        .collect();
+    [
+        ("lookup", impls::NAMES.to_vec()),
+        (
+            "kprobe-multi, kprobe-multi-all, kretprobe-multi-all",
+            dispatch::NAMES.to_vec(),
+        ),
+        ("objpool, uretprobe-nop", pools),
+    ]
+}
 
 /// Everything the command line sets.
 #[derive(Clone, Debug)]
@@ -66,7 +117,8 @@ pub struct Config {
     pub rounds: usize,
     pub addrs: usize,
     pub source: Source,
-    pub workloads: Vec<Workload>,
+    /// `--workload`, if given; each benchmark has its own default.
+    pub workloads: Option<Vec<Workload>>,
     pub impls: Option<Vec<String>>,
     pub csv: Option<String>,
     pub svg: Option<String>,
@@ -82,6 +134,11 @@ impl std::fmt::Debug for BenchDef {
 }
 
 impl Config {
+    /// `--workload`, else `default`.
+    pub fn workloads_or(&self, default: &[Workload]) -> Vec<Workload> {
+        self.workloads.clone().unwrap_or_else(|| default.to_vec())
+    }
+
     pub fn keep_impl(&self, name: &str) -> bool {
         self.impls
             .as_ref()
@@ -101,8 +158,9 @@ fn usage() -> String {
          --addrs N              addresses (default 50000)\n\
          --addrs-source SRC     elf | self | synthetic (default elf: function symbols of the largest\n\
          \x20                      of libLLVM*, librustc_driver-*, libstdc++ found; else this binary)\n\
-         --workload LIST        uniform,hot (default both; hot = 90% of lookups on 64 addresses)\n\
-         --impls LIST           only these implementations (lookup bench)\n\
+         --workload LIST        uniform,hot,one (hot = 90% of lookups on 64 addresses, one = all on one;\n\
+         \x20                      default uniform,hot; one,uniform,hot for the *-multi-all benchmarks)\n\
+         --impls LIST           only these implementations (names below)\n\
          --csv PATH             one row per cell\n\
          --svg PATH             throughput vs threads per implementation (lookup bench)\n\
          --seed N               address sample, handler and stream seed (default 1)\n\n\
@@ -111,11 +169,13 @@ fn usage() -> String {
          benchmarks:\n",
     );
     for b in BENCHES {
-        s += &format!("  {:<14}{}\n", b.name, b.about);
+        s += &format!("  {:<21}{}\n", b.name, b.about);
     }
-    s += "\nlookup implementations:\n";
-    for (n, about) in impls::NAMES {
-        s += &format!("  {n:<24}{about}\n");
+    for (benches, names) in impl_groups() {
+        s += &format!("\n{benches} implementations:\n");
+        for (n, about) in names {
+            s += &format!("  {n:<24}{about}\n");
+        }
     }
     s
 }
@@ -135,11 +195,7 @@ fn parse_args(args: Vec<String>) -> Result<Config, String> {
     let mut benches = vec![&BENCHES[0]];
     let mut threads: Vec<usize> = (1..=ncpu).collect();
     let (mut sample_ms, mut duration_ms, mut warmup, mut rounds) = (None, None, 1usize, None);
-    let (mut addrs, mut source, mut workloads) = (
-        50_000usize,
-        Source::Elf,
-        vec![Workload::Uniform, Workload::Hot],
-    );
+    let (mut addrs, mut source, mut workloads) = (50_000usize, Source::Elf, None);
     let (mut impls_filter, mut csv, mut svg, mut seed) = (None, None, None, 1u64);
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
@@ -174,10 +230,11 @@ fn parse_args(args: Vec<String>) -> Result<Config, String> {
             "--rounds" => rounds = Some(num(val()?)?.max(1) as usize),
             "--addrs" => addrs = num(val()?)?.max(1) as usize,
             "--addrs-source" => source = Source::parse(&val()?)?,
-            "--workload" => workloads = Workload::parse(&val()?)?,
+            "--workload" => workloads = Some(Workload::parse(&val()?)?),
             "--impls" => {
                 let v: Vec<String> = parse_list("--impls", &val()?)?;
-                if let Some(bad) = v.iter().find(|n| !impls::known(n)) {
+                let known = |n: &str| impl_groups().iter().any(|g| g.1.iter().any(|i| i.0 == n));
+                if let Some(bad) = v.iter().find(|n| !known(n)) {
                     return Err(format!("unknown implementation {bad:?}\n\n{}", usage()));
                 }
                 impls_filter = Some(v);

@@ -1,0 +1,110 @@
+//! One comparison table: every contender at every producer count, the
+//! contenders interleaved within each round and the rounds' samples pooled,
+//! then a markdown table with each contender's rate against the reference
+//! contender's (fprobe's), same run, same data.
+
+use std::sync::atomic::AtomicBool;
+
+use crate::Config;
+use crate::harness::{self, PaddedCounter, Samples};
+use crate::report::{self, Row};
+
+/// A producer body: `(producer index, its counter, stop flag)`; it loops
+/// until `stop` is set, adding its operations to the counter per batch (see
+/// [`harness::run_producers`]).
+pub type Producer<'a> = Box<dyn Fn(usize, &PaddedCounter, &AtomicBool) + Sync + 'a>;
+
+/// One implementation under test.
+pub struct Contender<'a> {
+    pub name: &'a str,
+    pub producer: Producer<'a>,
+}
+
+/// What the table and its rows are labelled with.
+pub struct Labels<'a> {
+    /// `Row::bench`, and the first word of each progress line.
+    pub bench: &'static str,
+    /// `Row::workload` (`uniform`, `hot`, `one address`, `pairs`…).
+    pub workload: &'a str,
+    /// `Row::addrs` (0 where there are none).
+    pub addrs: usize,
+    pub title: String,
+    /// The contender the last column divides by (absent: `–`).
+    pub reference: &'a str,
+}
+
+/// Runs every contender at every `cfg.threads` count for `cfg.rounds`
+/// interleaved rounds, prints the table, returns one row per cell.
+pub fn run(cfg: &Config, labels: &Labels<'_>, contenders: &[Contender<'_>]) -> Vec<Row> {
+    let mut cells: Vec<(usize, usize, Samples)> = Vec::new(); // (contender, threads, samples)
+    for &t in &cfg.threads {
+        let mut per: Vec<Samples> = vec![Samples::default(); contenders.len()];
+        for round in 0..cfg.rounds {
+            for (k, c) in contenders.iter().enumerate() {
+                let s = harness::run_producers(t, 0, &cfg.cpus, cfg.timing, &c.producer);
+                eprintln!(
+                    "  {} {:<7} {t:>2}T round {}/{}  {:<24} {:>8.2} M/s{}",
+                    labels.bench,
+                    labels.workload,
+                    round + 1,
+                    cfg.rounds,
+                    c.name,
+                    s.median() / 1e6,
+                    if s.unpinned > 0 {
+                        format!("  ({} producer(s) unpinned)", s.unpinned)
+                    } else {
+                        String::new()
+                    }
+                );
+                per[k].extend(s);
+            }
+        }
+        for (k, s) in per.into_iter().enumerate() {
+            cells.push((k, t, s));
+        }
+    }
+    let mut rows = Vec::new();
+    let mut body = Vec::new();
+    for (k, c) in contenders.iter().enumerate() {
+        for (_, t, s) in cells.iter().filter(|cell| cell.0 == k) {
+            let reference = cells
+                .iter()
+                .find(|r| contenders[r.0].name == labels.reference && r.1 == *t)
+                .map(|r| r.2.median());
+            let row = Row {
+                bench: labels.bench,
+                workload: labels.workload.into(),
+                addrs: labels.addrs,
+                imp: c.name.into(),
+                threads: *t,
+                unit: "M/s",
+                mean: s.mean() / 1e6,
+                stddev: s.stddev() / 1e6,
+                median: s.median() / 1e6,
+                samples: s.rates.len(),
+            };
+            body.push(vec![
+                c.name.to_string(),
+                t.to_string(),
+                format!("{:.2} ± {:.2}", row.mean, row.stddev),
+                format!("{:.2}", row.median),
+                format!("{:.2}", row.per_thread()),
+                reference.map_or("–".into(), |f| format!("{:.2}×", f / s.median())),
+            ]);
+            rows.push(row);
+        }
+    }
+    report::print_table(
+        &labels.title,
+        &[
+            "implementation",
+            "threads",
+            "M/s mean ± sd",
+            "M/s median",
+            "M/s per producer",
+            &format!("{} ÷ this (medians)", labels.reference),
+        ],
+        &body,
+    );
+    rows
+}
