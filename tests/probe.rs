@@ -505,3 +505,17 @@ fn counters_survive_thread_exit() {
     }
     assert_eq!(reg.stats(h).unwrap().hits, 400);
 }
+
+// ------------------------------------------------------------ model check
+
+#[path = "../fuzz/ops/probe_ops.rs"]
+mod probe_ops;
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: if cfg!(miri) { 4 } else { 128 }, ..Default::default() })]
+    /// The fuzz target's operations and model checker, fed by proptest.
+    #[test]
+    fn matches_dispatch_model(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1024)) {
+        probe_ops::run_bytes(&bytes);
+    }
+}
