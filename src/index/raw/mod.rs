@@ -898,12 +898,18 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// Attaches a new table of (at least) `capacity` slots to the root.
     /// Caller holds `resize` and a read guard; no migration is in progress.
     ///
-    /// Load bound: the new table holds at least twice the live keys (every
-    /// caller sizes it so), and at least 1/64 of the old capacity. Each claim
-    /// in it migrates `budget` = `MIGRATE_CHUNK × ⌈old / new⌉` old slots, so
-    /// the migration ends after at most `new / MIGRATE_CHUNK` claims: far
-    /// fewer than the `0.9 × new − live` claims it takes to reach the forced
-    /// threshold.
+    /// Load bound: the new table holds at least twice the live keys, and at
+    /// least 1/64 of the old capacity. Callers size it from a count of live
+    /// addresses read without the stripe locks, which writers may have
+    /// outgrown by the time every stripe lock is held (a shrink decided on
+    /// a count of 1 while a bulk insert added 16 keys: the migration found
+    /// the new table full, found by the `index_concurrent` fuzz target); so
+    /// the count is read again under every stripe lock, where it is exact,
+    /// and a table that is too small is replaced before it is attached.
+    /// Each claim in it migrates `budget` = `MIGRATE_CHUNK × ⌈old / new⌉`
+    /// old slots, so the migration ends after at most `new / MIGRATE_CHUNK`
+    /// claims; writers' claims also reserve room for the keys still to
+    /// migrate (`insert_group_locked`), so the migration always finds room.
     fn attach(&self, st: &mut ResizeState, capacity: usize) {
         // SAFETY: root is live (caller's guard).
         if !unsafe { &*self.root.load(Ordering::Acquire) }
@@ -920,10 +926,20 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         st.generation += 1;
         // SAFETY: root is live (caller's guard).
         let old_cap = unsafe { &*self.root.load(Ordering::Acquire) }.capacity();
-        let capacity = capacity.max(old_cap / 64);
+        let mut capacity = capacity.max(old_cap / 64);
+        let (new, stripes) = loop {
+            let new = Table::new(capacity, seed);
+            let stripes: Vec<_> = self.stripes.iter().map(|s| lock(&s.lock)).collect();
+            // Exact under every stripe lock: writers change it under theirs.
+            let live = self.addrs.load(Ordering::Relaxed);
+            let need = capacity_for(live, self.config.min_capacity);
+            if need <= capacity {
+                break (Box::into_raw(new), stripes);
+            }
+            drop(stripes);
+            capacity = need;
+        };
         st.budget = MIGRATE_CHUNK * old_cap.div_ceil(capacity).max(1) + 1;
-        let new = Box::into_raw(Table::new(capacity, seed));
-        let stripes: Vec<_> = self.stripes.iter().map(|s| lock(&s.lock)).collect();
         // SAFETY: root is live (caller's guard).
         let root = unsafe { &*self.root.load(Ordering::Acquire) };
         // Release: pairs with the Acquire loads of `future` by readers and
@@ -1170,6 +1186,34 @@ mod tests {
             stripes: 1,
             hit_cache: None,
         }
+    }
+
+    /// Regression (found by the `index_concurrent` fuzz target): a resize
+    /// sized from a stale count of live addresses (writers added keys
+    /// between the count and the attach) attached a table too small for
+    /// the keys to migrate, and the migration panicked ("address index
+    /// table full"). `attach` now re-counts under every stripe lock.
+    #[test]
+    fn attach_sized_from_a_stale_count_still_fits_every_key() {
+        let index = RawIndex::<u64>::new(config());
+        for k in 1..=20u64 {
+            index.insert(k, k).unwrap();
+        }
+        {
+            let mut st = lock(&index.resize);
+            let _guard = rcu::read_lock();
+            // Sized as a shrink decided on a count of 1 would size it.
+            index.attach(&mut st, capacity_for(2, 8));
+            index.finish_migration(&mut st);
+        }
+        let _guard = rcu::read_lock();
+        for k in 1..=20u64 {
+            // SAFETY: a read guard is held and `index` outlives it.
+            assert_eq!(unsafe { index.get(k) }, [k], "key {k}");
+        }
+        // SAFETY: as above.
+        let root = unsafe { &*index.root.load(Ordering::Acquire) };
+        assert!(root.capacity() >= 40, "capacity {}", root.capacity());
     }
 
     /// Regression (found by the `index_concurrent` fuzz target): claims
