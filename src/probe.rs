@@ -278,7 +278,26 @@ struct Book {
     free: Vec<u32>,
     /// Counters of exited threads, per slot.
     retired: Vec<[u64; NCOUNTERS]>,
+    /// Per slot: the slot's counter sums when its current probe was
+    /// registered. Counters are per slot and never reset (each thread's are
+    /// stored by that thread only), so a probe's own counts are the sums
+    /// minus this; without it a probe would inherit the counts of every
+    /// earlier probe of its slot.
+    base: Vec<[u64; NCOUNTERS]>,
     threads: Vec<Arc<ThreadCounters>>,
+}
+
+impl Book {
+    /// The counters of `slot`, summed over exited and live threads.
+    fn sum(&self, slot: u32) -> [u64; NCOUNTERS] {
+        let mut c = self.retired[slot as usize];
+        for t in &self.threads {
+            for (i, v) in c.iter_mut().enumerate() {
+                *v += t.c[slot as usize * NCOUNTERS + i].load(Ordering::Relaxed);
+            }
+        }
+        c
+    }
 }
 
 /// One thread's counters, per slot; stored only by that thread.
@@ -421,6 +440,7 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
                 attached: vec![Vec::new(); self.max_probes],
                 free: (0..self.max_probes as u32).rev().collect(),
                 retired: vec![[0; NCOUNTERS]; self.max_probes],
+                base: vec![[0; NCOUNTERS]; self.max_probes],
                 threads: Vec::new(),
             })),
             pool,
@@ -536,6 +556,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let slot = book.free.pop().ok_or(Error::CapacityExceeded {
             max_addresses: self.slots.len(),
         })?;
+        // No thread counts for a free slot (the previous probe's
+        // `unregister` waited for every dispatch that could), so the sums
+        // are stable until the generation store below publishes the slot.
+        book.base[slot as usize] = book.sum(slot);
         let s = &self.slots[slot as usize];
         let generation = (s.generation.load(Ordering::Relaxed) | 1) + 2;
         // Relaxed: published by the Release generation store below.
@@ -666,11 +690,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
     pub fn stats(&self, h: ProbeHandle) -> Result<ProbeStats, Error> {
         self.live_slot(h)?;
         let book = self.book.lock().unwrap_or_else(|e| e.into_inner());
-        let mut c = book.retired[h.slot as usize];
-        for t in &book.threads {
-            for (i, v) in c.iter_mut().enumerate() {
-                *v += t.c[h.slot as usize * NCOUNTERS + i].load(Ordering::Relaxed);
-            }
+        let mut c = book.sum(h.slot);
+        for (v, b) in c.iter_mut().zip(&book.base[h.slot as usize]) {
+            *v -= b;
         }
         Ok(ProbeStats {
             hits: c[C_HITS],

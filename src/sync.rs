@@ -13,7 +13,17 @@
 //! * `cfg(miri)`: `std` atomics, but [`ASYMMETRIC_FENCES`] is `false`, so the
 //!   read side issues real `SeqCst` fences (miri cannot model `membarrier`);
 //! * `cfg(loom)`: loom's atomics, cells and mutexes, and again real fences
-//!   (loom cannot model `membarrier` either, as seize notes).
+//!   (loom cannot model `membarrier` either, as seize notes);
+//! * `cfg(fprobe_tsan)` (set by `scripts/tsan.sh` for ThreadSanitizer
+//!   builds): `std` atomics, symmetric mode forced ([`ASYMMETRIC_FENCES`] is
+//!   `false`), and every standalone fence the crate relies on replaced by an
+//!   atomic read-modify-write TSan does track. TSan builds its
+//!   happens-before graph from atomic accesses only and ignores
+//!   `atomic_thread_fence` and `membarrier`, so an edge carried by a fence
+//!   would be missing and it would report races that cannot happen. The
+//!   replacements (see `rcu/raw.rs` and `objpool/raw.rs`) are each at least
+//!   as strong as the fence they replace, so the TSan build checks the same
+//!   protocol, only slower.
 
 #![allow(dead_code, unused_imports)]
 
@@ -39,10 +49,10 @@ pub(crate) fn compiler_fence(order: Ordering) {
 }
 
 /// Whether the RCU may use asymmetric fences (compiler fence on the read
-/// side, `membarrier(2)` on the writer side). `false` under loom and miri,
-/// which model neither; the run-time check for kernel support is separate
-/// (see `rcu::membarrier`).
-pub(crate) const ASYMMETRIC_FENCES: bool = !cfg!(any(loom, miri));
+/// side, `membarrier(2)` on the writer side). `false` under loom, miri and
+/// ThreadSanitizer (`fprobe_tsan`), which model neither; the run-time check
+/// for kernel support is separate (see `rcu::membarrier`).
+pub(crate) const ASYMMETRIC_FENCES: bool = !cfg!(any(loom, miri, fprobe_tsan));
 
 /// A cell whose accesses go through closures, so loom can track them.
 ///

@@ -1,34 +1,55 @@
-//! Replays the committed fuzz corpus (`fuzz/corpus/index_ops/`) and a fixed
-//! set of generated inputs through the shared model checker, on stable, in
-//! `cargo test`.
+//! Replays the committed fuzz corpora (`fuzz/corpus/<target>/`) and a fixed
+//! set of generated inputs through the shared model checkers, on stable, in
+//! `cargo test`. Under miri, a handful of each.
 
+#[path = "../fuzz/ops/index_concurrent.rs"]
+mod index_concurrent;
 #[path = "../fuzz/ops/index_ops.rs"]
 mod index_ops;
+#[path = "../fuzz/ops/objpool_ops.rs"]
+mod objpool_ops;
+#[path = "../fuzz/ops/probe_ops.rs"]
+mod probe_ops;
 
-#[test]
-fn replay_index_ops_corpus() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/index_ops");
+/// Runs every committed input of `target` (under miri, the first few
+/// short ones).
+fn replay(target: &str, run: fn(&[u8])) {
+    let dir = format!("{}/fuzz/corpus/{target}", env!("CARGO_MANIFEST_DIR"));
+    let (limit, max_len) = if cfg!(miri) {
+        (3, 256)
+    } else {
+        (usize::MAX, u64::MAX)
+    };
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    // Same inputs in the same order on every run (and under miri, the same few).
+    files.sort();
     let mut n = 0;
-    // Under miri a handful of inputs (each replays hundreds of operations).
-    let limit = if cfg!(miri) { 3 } else { usize::MAX };
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten().take(limit) {
-            let data = std::fs::read(e.path()).unwrap();
-            index_ops::run_bytes(&data);
-            n += 1;
+    for path in files {
+        if n == limit {
+            break;
         }
+        if std::fs::metadata(&path).map_or(0, |m| m.len()) > max_len {
+            continue;
+        }
+        let data = std::fs::read(&path).unwrap();
+        if let Err(e) = std::panic::catch_unwind(|| run(&data)) {
+            eprintln!("{target}: corpus input {} fails", path.display());
+            std::panic::resume_unwind(e);
+        }
+        n += 1;
     }
-    println!("replayed {n} corpus inputs");
+    println!("{target}: replayed {n} corpus inputs");
 }
 
-#[test]
-fn generated_index_ops_inputs() {
-    // Deterministic pseudo-random inputs: the replay runs something even
-    // when the corpus is empty.
+/// Deterministic pseudo-random inputs: the replay runs something even when
+/// a corpus is empty.
+fn generated(count: usize, max_len: usize, run: fn(&[u8])) {
     let mut x = 0x2545_F491_4F6C_DD1Du64;
-    let count = if cfg!(miri) { 3 } else { 300 };
+    let count = if cfg!(miri) { 3 } else { count };
     for len in 0..count {
-        let data: Vec<u8> = (0..(len * 7) % 1500)
+        let data: Vec<u8> = (0..(len * 7) % max_len)
             .map(|_| {
                 x ^= x << 13;
                 x ^= x >> 7;
@@ -36,6 +57,46 @@ fn generated_index_ops_inputs() {
                 x as u8
             })
             .collect();
-        index_ops::run_bytes(&data);
+        run(&data);
     }
+}
+
+#[test]
+fn replay_index_ops_corpus() {
+    replay("index_ops", index_ops::run_bytes);
+}
+
+#[test]
+fn generated_index_ops_inputs() {
+    generated(300, 1500, index_ops::run_bytes);
+}
+
+#[test]
+fn replay_index_concurrent_corpus() {
+    replay("index_concurrent", index_concurrent::run_bytes);
+}
+
+#[test]
+fn generated_index_concurrent_inputs() {
+    generated(200, 1000, index_concurrent::run_bytes);
+}
+
+#[test]
+fn replay_objpool_ops_corpus() {
+    replay("objpool_ops", objpool_ops::run_bytes);
+}
+
+#[test]
+fn generated_objpool_ops_inputs() {
+    generated(300, 600, objpool_ops::run_bytes);
+}
+
+#[test]
+fn replay_probe_ops_corpus() {
+    replay("probe_ops", probe_ops::run_bytes);
+}
+
+#[test]
+fn generated_probe_ops_inputs() {
+    generated(300, 600, probe_ops::run_bytes);
 }

@@ -331,6 +331,18 @@ proptest! {
     }
 }
 
+#[path = "../fuzz/ops/index_concurrent.rs"]
+mod index_concurrent;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: if cfg!(miri) { 2 } else { 64 }, ..ProptestConfig::default() })]
+    /// The concurrent fuzz target's operations and checks, fed by proptest.
+    #[test]
+    fn concurrent_writers_match_their_own_views(bytes in prop::collection::vec(any::<u8>(), 0..2048)) {
+        index_concurrent::run_bytes(&bytes);
+    }
+}
+
 // --------------------------------------------------------------- stress
 
 fn stress_duration() -> Duration {

@@ -227,3 +227,17 @@ fn drop_pool_while_other_threads_return_objects() {
         assert_each_dropped_once(&drops);
     }
 }
+
+// ------------------------------------------------------------ model check
+
+#[path = "../fuzz/ops/objpool_ops.rs"]
+mod objpool_ops;
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: if cfg!(miri) { 4 } else { 128 }, ..Default::default() })]
+    /// The fuzz target's operations and model checker, fed by proptest.
+    #[test]
+    fn matches_pool_model(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1024)) {
+        objpool_ops::run_bytes(&bytes);
+    }
+}

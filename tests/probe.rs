@@ -420,6 +420,46 @@ fn address_and_slot_reuse_after_unregister() {
     assert_eq!(reg.stats(b).unwrap().exits, 1);
 }
 
+/// Regression (found by the `probe_ops` fuzz model): counters are kept per
+/// slot, and a probe registered in a reused slot used to report the hits,
+/// misses and panics of every earlier probe of that slot as its own.
+#[test]
+fn probe_in_a_reused_slot_starts_from_zero() {
+    let reg = Registry::<()>::builder().max_probes(1).build().unwrap();
+    let probe = || {
+        Fprobe::builder()
+            .entry(|_| EntryAction::Continue)
+            .exit(|_| {})
+            .build()
+    };
+    let a = reg.register(probe(), &[5]).unwrap();
+    reg.disable(a).unwrap();
+    reg.on_entry(5, 0, &()); // disabled miss
+    reg.on_exit(0, &());
+    reg.enable(a).unwrap();
+    for _ in 0..3 {
+        reg.on_entry(5, 0, &());
+        reg.on_exit(0, &());
+    }
+    // Counts of a thread that has exited are folded into the registry.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            reg.on_entry(5, 0, &());
+            reg.on_exit(0, &());
+        });
+    });
+    let sa = reg.stats(a).unwrap();
+    assert_eq!((sa.hits, sa.exits, sa.missed.disabled), (4, 4, 1));
+    reg.unregister(a).unwrap();
+    let b = reg.register(probe(), &[5, 6]).unwrap(); // same slot
+    let sb = reg.stats(b).unwrap();
+    assert_eq!(sb, Default::default(), "inherited the old probe's counters");
+    reg.on_entry(6, 0, &());
+    reg.on_exit(0, &());
+    let sb = reg.stats(b).unwrap();
+    assert_eq!((sb.hits, sb.exits, sb.missed.disabled), (1, 1, 0));
+}
+
 #[test]
 fn ignored_thread_runs_no_probes_but_keeps_pairing() {
     let reg = Registry::<()>::builder().build().unwrap();
@@ -499,4 +539,18 @@ fn dispatch_inside_a_callers_read_section_pairs_like_the_plain_calls() {
     );
     let s = registry.stats(h).unwrap();
     assert_eq!((s.hits, s.exits), (2, 2));
+}
+
+// ------------------------------------------------------------ model check
+
+#[path = "../fuzz/ops/probe_ops.rs"]
+mod probe_ops;
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: if cfg!(miri) { 4 } else { 128 }, ..Default::default() })]
+    /// The fuzz target's operations and model checker, fed by proptest.
+    #[test]
+    fn matches_dispatch_model(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1024)) {
+        probe_ops::run_bytes(&bytes);
+    }
 }

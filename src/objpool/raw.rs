@@ -175,8 +175,13 @@ impl<T> RawPool<T> {
         // before the free below, on whichever thread runs it.
         if refs.fetch_sub(n, Ordering::Release) == n {
             // Acquire: pairs with the Release decrements of every other
-            // reference holder (the `Arc` pattern).
-            fence(Ordering::Acquire);
+            // reference holder (the `Arc` pattern). ThreadSanitizer ignores
+            // fences, so its build loads instead, as `std::sync::Arc` does.
+            if cfg!(fprobe_tsan) {
+                refs.load(Ordering::Acquire);
+            } else {
+                fence(Ordering::Acquire);
+            }
             // SAFETY: the last reference is gone; `this` came from
             // `Box::leak` in `new`. Objects are `MaybeUninit`, already
             // dropped one by one.

@@ -57,6 +57,16 @@
 //! rate cannot starve the scan: each new section loads the new epoch once the
 //! store is visible.
 //!
+//! **ThreadSanitizer build** (`--cfg fprobe_tsan`, `scripts/tsan.sh`). TSan
+//! ignores standalone fences (and cannot see `membarrier`), so under that
+//! cfg the symmetric mode is forced and each `SeqCst` fence of the protocol
+//! becomes a `SeqCst` read-modify-write that TSan tracks: the reader's
+//! *enter* stores `ctr` with a `swap` (a locked instruction, a full barrier
+//! on x86, and a release TSan records), and step 1 of `synchronize` is a
+//! `fetch_add(0)` on `gp` (a full barrier too, and a release that every
+//! reader's `Acquire` load of `gp` pairs with, so TSan sees the updater's
+//! earlier stores ordered before any section that reads that `gp`).
+//!
 //! Epochs are 48 bits wide: a wrap needs 2^48 grace periods while one reader
 //! stays inside a single section, which cannot happen in practice; the scan
 //! compares for equality only, so a wrap could at worst make it wait longer.
@@ -117,6 +127,13 @@ impl Record {
             // `synchronize`; a reader that sees that epoch sees everything
             // the updater stored before calling `synchronize`.
             let g = gp.load(Ordering::Acquire);
+            if cfg!(fprobe_tsan) {
+                // ThreadSanitizer build: the store and the fence below as
+                // one SeqCst RMW, which TSan tracks (module docs); pairs with
+                // the `fetch_add(0)` in `Domain::heavy_barrier`.
+                self.ctr.swap(g, Ordering::SeqCst);
+                return;
+            }
             // Release (a plain store on x86): a grace period that skips this
             // record because it reads the new epoch here must still be
             // ordered after this thread's *previous* sections; C++20 release
@@ -296,6 +313,12 @@ impl Domain {
     /// The full barrier `synchronize` pairs with each reader's enter fence.
     fn heavy_barrier(&self) {
         if cfg!(fprobe_canary) {
+            return;
+        }
+        if cfg!(fprobe_tsan) {
+            // The fence as a SeqCst RMW TSan can see (module docs). Release:
+            // pairs with the readers' Acquire loads of `gp`.
+            self.gp.fetch_add(0, Ordering::SeqCst);
             return;
         }
         match self.mode() {

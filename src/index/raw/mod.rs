@@ -42,7 +42,10 @@
 //! No single write pays more than one chunk of migration, except a writer
 //! that finds the newest table at 90% claimed (it finishes the migration and
 //! attaches a larger table: the forced path of rhashtable), a bulk insert
-//! that presizes, and `clear`.
+//! that presizes, and `clear`. During a migration the 90% check also counts
+//! the live addresses (an upper bound on the keys still to migrate), and a
+//! writer's check and count are one atomic reservation (`table.rs`), so the
+//! migration's claims always find room however many writers claimed first.
 //!
 //! Growth starts at 50% claimed slots (live keys and tombstones; see
 //! `GROW_AT` for why so low) and sizes the new table at twice the live keys,
@@ -457,11 +460,27 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             }));
         }
         let table = self.newest();
-        if !table.has_room(1, FORCE_AT) {
+        // While `table` is being migrated into, the migration still has to
+        // claim a slot there for every live key left in the older tables:
+        // keep room for them (`addrs` counts them, and more: conservative).
+        // Without it, claims made before any migration step ran (a bulk
+        // insert's stripe run, or writers on several stripes at once) could
+        // fill the table and leave the migration no slot (found by the
+        // index_concurrent fuzz target: "address index table full").
+        let migrating = !ptr::eq(table, self.root.load(Ordering::Acquire));
+        let pending = if migrating {
+            self.addrs.load(Ordering::Relaxed)
+        } else {
+            0
+        };
+        if !table.try_reserve(pending, FORCE_AT) {
             return Ok(None);
         }
-        self.reserve_addr()?;
-        let (slot, dist) = table.claim(key);
+        if let Err(e) = self.reserve_addr() {
+            table.unreserve();
+            return Err(e);
+        }
+        let (slot, dist) = table.claim_reserved(key);
         let new = RecordPtr::<V>::build(n, (0..n).map(|i| (ids(i), next())));
         st.next_seq += n as u64;
         Self::publish(slot, new.into_raw());
@@ -879,12 +898,18 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// Attaches a new table of (at least) `capacity` slots to the root.
     /// Caller holds `resize` and a read guard; no migration is in progress.
     ///
-    /// Load bound: the new table holds at least twice the live keys (every
-    /// caller sizes it so), and at least 1/64 of the old capacity. Each claim
-    /// in it migrates `budget` = `MIGRATE_CHUNK × ⌈old / new⌉` old slots, so
-    /// the migration ends after at most `new / MIGRATE_CHUNK` claims: far
-    /// fewer than the `0.9 × new − live` claims it takes to reach the forced
-    /// threshold.
+    /// Load bound: the new table holds at least twice the live keys, and at
+    /// least 1/64 of the old capacity. Callers size it from a count of live
+    /// addresses read without the stripe locks, which writers may have
+    /// outgrown by the time every stripe lock is held (a shrink decided on
+    /// a count of 1 while a bulk insert added 16 keys: the migration found
+    /// the new table full, found by the `index_concurrent` fuzz target); so
+    /// the count is read again under every stripe lock, where it is exact,
+    /// and a table that is too small is replaced before it is attached.
+    /// Each claim in it migrates `budget` = `MIGRATE_CHUNK × ⌈old / new⌉`
+    /// old slots, so the migration ends after at most `new / MIGRATE_CHUNK`
+    /// claims; writers' claims also reserve room for the keys still to
+    /// migrate (`insert_group_locked`), so the migration always finds room.
     fn attach(&self, st: &mut ResizeState, capacity: usize) {
         // SAFETY: root is live (caller's guard).
         if !unsafe { &*self.root.load(Ordering::Acquire) }
@@ -901,10 +926,20 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         st.generation += 1;
         // SAFETY: root is live (caller's guard).
         let old_cap = unsafe { &*self.root.load(Ordering::Acquire) }.capacity();
-        let capacity = capacity.max(old_cap / 64);
+        let mut capacity = capacity.max(old_cap / 64);
+        let (new, stripes) = loop {
+            let new = Table::new(capacity, seed);
+            let stripes: Vec<_> = self.stripes.iter().map(|s| lock(&s.lock)).collect();
+            // Exact under every stripe lock: writers change it under theirs.
+            let live = self.addrs.load(Ordering::Relaxed);
+            let need = capacity_for(live, self.config.min_capacity);
+            if need <= capacity {
+                break (Box::into_raw(new), stripes);
+            }
+            drop(stripes);
+            capacity = need;
+        };
         st.budget = MIGRATE_CHUNK * old_cap.div_ceil(capacity).max(1) + 1;
-        let new = Box::into_raw(Table::new(capacity, seed));
-        let stripes: Vec<_> = self.stripes.iter().map(|s| lock(&s.lock)).collect();
         // SAFETY: root is live (caller's guard).
         let root = unsafe { &*self.root.load(Ordering::Acquire) };
         // Release: pairs with the Acquire loads of `future` by readers and
@@ -1133,6 +1168,101 @@ impl<V> RawIter<V> {
                 // SAFETY: a live record of `V`s.
                 return Some((key, unsafe { RecordPtr::from_raw(rec) }));
             }
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config {
+            initial_capacity: 64,
+            min_capacity: 8,
+            max_addresses: None,
+            auto_shrink: true,
+            seed: 1,
+            stripes: 1,
+            hit_cache: None,
+        }
+    }
+
+    /// Regression (found by the `index_concurrent` fuzz target): a resize
+    /// sized from a stale count of live addresses (writers added keys
+    /// between the count and the attach) attached a table too small for
+    /// the keys to migrate, and the migration panicked ("address index
+    /// table full"). `attach` now re-counts under every stripe lock.
+    #[test]
+    fn attach_sized_from_a_stale_count_still_fits_every_key() {
+        let index = RawIndex::<u64>::new(config());
+        for k in 1..=20u64 {
+            index.insert(k, k).unwrap();
+        }
+        {
+            let mut st = lock(&index.resize);
+            let _guard = rcu::read_lock();
+            // Sized as a shrink decided on a count of 1 would size it.
+            index.attach(&mut st, capacity_for(2, 8));
+            index.finish_migration(&mut st);
+        }
+        let _guard = rcu::read_lock();
+        for k in 1..=20u64 {
+            // SAFETY: a read guard is held and `index` outlives it.
+            assert_eq!(unsafe { index.get(k) }, [k], "key {k}");
+        }
+        // SAFETY: as above.
+        let root = unsafe { &*index.root.load(Ordering::Acquire) };
+        assert!(root.capacity() >= 40, "capacity {}", root.capacity());
+    }
+
+    /// Regression (found by the `index_concurrent` fuzz target): claims
+    /// made in a table being migrated into, before any migration step ran
+    /// (a bulk insert's stripe run, or writers on several stripes), filled
+    /// it to 90% and left the migration no slot: "address index table
+    /// full". Each claim must now leave room for the keys still to migrate.
+    #[test]
+    fn claims_during_a_migration_leave_room_for_it() {
+        let index = RawIndex::<u64>::new(config());
+        for k in 1..=3u64 {
+            index.insert(k, k).unwrap();
+        }
+        // A small future with no migration step yet, as a shrink decided
+        // while another writer's bulk run was between stripe runs.
+        {
+            let mut st = lock(&index.resize);
+            let _guard = rcu::read_lock();
+            index.attach(&mut st, 8);
+        }
+        // A stripe run claiming new keys in it: refused before the
+        // migration's room is used up.
+        let guard = rcu::read_lock();
+        let stripe = &*index.stripes[0];
+        let mut st = lock(&stripe.lock);
+        let mut claimed = 0;
+        for k in 100..110u64 {
+            match index.insert_group_locked(0, stripe, &mut st, k, &mut || k, 1) {
+                Ok(Some(g)) => claimed += usize::from(g.claimed),
+                Ok(None) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        drop(st);
+        drop(guard);
+        assert!(
+            claimed < 7,
+            "{claimed} claims in an 8-slot table being migrated into"
+        );
+        // The migration finds room for every live key, and nothing is lost.
+        {
+            let mut st = lock(&index.resize);
+            let _guard = rcu::read_lock();
+            index.finish_migration(&mut st);
+        }
+        let _guard = rcu::read_lock();
+        for k in (1..=3u64).chain(100..100 + claimed as u64) {
+            // SAFETY: a read guard is held and `index` outlives it.
+            assert_eq!(unsafe { index.get(k) }, [k], "key {k}");
         }
     }
 }

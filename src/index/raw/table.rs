@@ -29,7 +29,13 @@
 //!   lock before claiming, so the migration cursor never passes a slot that
 //!   is claimed later.
 //! * The table is never full: writers grow it at 50% claimed slots and force
-//!   a resize before 90%, so every probe meets an empty slot.
+//!   a resize before 90%, so every probe meets an empty slot. A writer's
+//!   claim is *reserved* first ([`Table::try_reserve`]): the check against
+//!   90% and the count are one atomic step, because writers on different
+//!   stripes claim concurrently (checking first and counting at the claim
+//!   let two of them pass the same check and fill a small table). The
+//!   reservation also keeps room for the claims a migration into the table
+//!   still has to make, so the migration's own claims never find it full.
 //!
 //! Key 0 cannot live in a slot (0 marks empty); it has a dedicated slot.
 
@@ -188,14 +194,51 @@ impl Table {
         self.seed
     }
 
+    /// Reserves one claim for a writer if, counting it and `pending` more
+    /// claims still to come (a migration into this table), the table stays
+    /// within `num/den` claimed. Check and count are one atomic step, so
+    /// writers that claim concurrently under different stripe locks cannot
+    /// together overshoot. Follow with [`Table::claim_reserved`].
+    pub(crate) fn try_reserve(&self, pending: usize, (num, den): (usize, usize)) -> bool {
+        let limit = self.capacity() * num;
+        self.claimed
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                ((c + 1 + pending) * den <= limit).then_some(c + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives back a reservation that will not be used.
+    pub(crate) fn unreserve(&self) {
+        self.claimed.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// [`Table::claim`] for a writer that holds a reservation
+    /// ([`Table::try_reserve`]): the reservation becomes the claim, or is
+    /// given back when no new slot was needed.
+    pub(crate) fn claim_reserved(&self, key: u64) -> (&Slot, usize) {
+        let (slot, dist, fresh) = self.claim_inner(key, false);
+        if !fresh {
+            self.unreserve();
+        }
+        (slot, dist)
+    }
+
     /// Finds or claims `key`'s slot. Caller holds `key`'s stripe lock and
     /// has checked `future` is null and the table has room.
     ///
     /// Returns the slot and the probe distance of a new claim (0 when the
     /// slot existed).
     pub(crate) fn claim(&self, key: u64) -> (&Slot, usize) {
+        let (slot, dist, _) = self.claim_inner(key, true);
+        (slot, dist)
+    }
+
+    /// `claim`; `count`: whether a fresh slot adds to `claimed` (not when
+    /// a reservation already did). Also returns whether the slot is fresh.
+    fn claim_inner(&self, key: u64, count: bool) -> (&Slot, usize, bool) {
         if key == 0 {
-            return (&self.zero, 0);
+            return (&self.zero, 0, false);
         }
         let mut i = hash(key, self.seed) as usize & self.mask;
         let mut dist = 0;
@@ -204,7 +247,7 @@ impl Table {
             let slot = unsafe { self.slots.get_unchecked(i) };
             let k = slot.key.load(Ordering::Relaxed);
             if k == key {
-                return (slot, 0);
+                return (slot, 0, false);
             }
             if k == 0 {
                 // Relaxed suffices: the key carries no data (the record is
@@ -216,8 +259,10 @@ impl Table {
                     .compare_exchange(0, key, Ordering::Relaxed, Ordering::Relaxed)
                 {
                     Ok(_) => {
-                        self.claimed.fetch_add(1, Ordering::Relaxed);
-                        return (slot, dist);
+                        if count {
+                            self.claimed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        return (slot, dist, true);
                     }
                     Err(other) if other == key => unreachable!("key claimed twice"),
                     Err(_) => {}

@@ -1,0 +1,546 @@
+//! The one `Op` definition and model checker for `probe::Registry`, shared
+//! by the cargo-fuzz target (`fuzz/fuzz_targets/probe_ops.rs`), the
+//! property test (`tests/probe.rs`) and the stable corpus replay
+//! (`tests/fuzz_replay.rs`).
+//!
+//! The model knows, for every `(on_entry, on_exit)` pair the engine
+//! dispatches, which entry and exit handlers must run, in which order, with
+//! which cookie and per-call data, given the registrations,
+//! unregistrations, enables and disables before it; and what each probe's
+//! counters (`Registry::stats`: hits, exits, misses by cause, panics) must
+//! read. Handlers log every call; the log and the counters are compared with
+//! the model after every step. The registry is tiny (4 probe slots, a few
+//! return instances, a shallow return stack) so that every miss path runs.
+//!
+//! Handler panics are raised with `resume_unwind`, which skips the panic
+//! hook: the fuzzer's hook aborts on any real panic, and the registry must
+//! contain these ones.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use arbitrary::{Arbitrary, Unstructured};
+use fprobe::Error;
+use fprobe::probe::{
+    EntryAction, Fprobe, ProbeHandle, ProbeStats, Registry, ignore_current_thread,
+};
+
+const MAX_PROBES: usize = 4;
+/// The registry's per-call data size.
+const DATA_SIZE: usize = 16;
+
+/// What an entry handler does after logging its call.
+#[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    Continue,
+    SkipExit,
+    Panic,
+}
+
+/// A probe to register.
+#[derive(Arbitrary, Clone, Debug)]
+pub struct ProbeSpec {
+    /// `None`: no entry handler.
+    entry: Option<EntryKind>,
+    /// `None`: no exit handler; `Some(true)`: one that panics.
+    exit: Option<bool>,
+    /// Per-call data; above `DATA_SIZE` the registration must fail.
+    data_size: u8,
+    /// The handlers call this (probed or not) address themselves.
+    recurse: Option<u8>,
+    /// `(address, cookie)` pairs; duplicates attach twice.
+    attach: Vec<(u8, u8)>,
+}
+
+/// One operation.
+#[derive(Arbitrary, Clone, Debug)]
+pub enum Op {
+    Register(ProbeSpec),
+    Unregister(u8),
+    Enable(u8),
+    Disable(u8),
+    /// `on_entry` on the test thread.
+    Entry(u8),
+    /// `on_exit` on the test thread.
+    Exit,
+    /// A whole call (`on_entry` + `on_exit`) on a fresh thread.
+    CallOnOtherThread(u8),
+    Ignore(bool),
+    Stats,
+}
+
+/// Maps a fuzzed byte to an address: a small space, with 0 and `u64::MAX`.
+pub fn addr(a: u8) -> u64 {
+    match a % 8 {
+        0 => 0,
+        1 => u64::MAX,
+        n => 0x40_1000 + u64::from(n) * 16,
+    }
+}
+
+/// A handler call as the handlers log it and the model predicts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Event {
+    Entry {
+        probe: usize,
+        addr: u64,
+        cookie: u64,
+        data_len: usize,
+    },
+    Exit {
+        probe: usize,
+        addr: u64,
+        cookie: u64,
+        data_ok: bool,
+    },
+}
+
+/// The per-call data an entry handler of `probe` writes at `addr`.
+fn pattern(probe: usize, addr: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (addr as u8) ^ (probe as u8).wrapping_mul(31) ^ i as u8)
+        .collect()
+}
+
+/// A panic payload the registry must contain.
+struct DeliberatePanic;
+
+type Log = Arc<Mutex<Vec<Event>>>;
+type RegCell = Arc<OnceLock<Weak<Registry<()>>>>;
+
+/// Calls `addr` from inside a handler: the registry must count a recursion
+/// miss per probe attached there and run nothing.
+fn nested_call(reg: &RegCell, addr: u64) {
+    if let Some(r) = reg.get().and_then(Weak::upgrade) {
+        r.on_entry(addr, 0, &());
+        r.on_exit(0, &());
+    }
+}
+
+fn build_probe(
+    id: usize,
+    spec: &ProbeSpec,
+    log: &Log,
+    reg: &RegCell,
+    alive: &Arc<AtomicUsize>,
+) -> Fprobe<()> {
+    let mut b = Fprobe::builder().data_size(usize::from(spec.data_size));
+    let recurse = spec.recurse.map(addr);
+    let token = DropToken::new(alive);
+    if let Some(kind) = spec.entry {
+        let (log, reg, token) = (log.clone(), reg.clone(), token.clone());
+        b = b.entry(move |e| {
+            let _ = &token;
+            log.lock().unwrap().push(Event::Entry {
+                probe: id,
+                addr: e.addr,
+                cookie: e.cookie,
+                data_len: e.data.len(),
+            });
+            let p = pattern(id, e.addr, e.data.len());
+            e.data.copy_from_slice(&p);
+            if let Some(a) = recurse {
+                nested_call(&reg, a);
+            }
+            match kind {
+                EntryKind::Continue => EntryAction::Continue,
+                EntryKind::SkipExit => EntryAction::SkipExit,
+                EntryKind::Panic => std::panic::resume_unwind(Box::new(DeliberatePanic)),
+            }
+        });
+    }
+    if let Some(panics) = spec.exit {
+        let (log, reg) = (log.clone(), reg.clone());
+        let check_data = spec.entry.is_some();
+        b = b.exit(move |x| {
+            let _ = &token;
+            let data_ok = !check_data || x.data == pattern(id, x.addr, x.data.len());
+            log.lock().unwrap().push(Event::Exit {
+                probe: id,
+                addr: x.addr,
+                cookie: x.cookie,
+                data_ok,
+            });
+            if let Some(a) = recurse {
+                nested_call(&reg, a);
+            }
+            if panics {
+                std::panic::resume_unwind(Box::new(DeliberatePanic));
+            }
+        });
+    }
+    b.build()
+}
+
+/// Counts live handler closures, so the test can check every probe is
+/// dropped once the registry is gone and the RCU has reclaimed everything.
+#[derive(Clone)]
+struct DropToken(#[allow(dead_code)] Arc<DropTokenInner>);
+struct DropTokenInner(Arc<AtomicUsize>);
+
+impl DropToken {
+    fn new(alive: &Arc<AtomicUsize>) -> Self {
+        alive.fetch_add(1, Ordering::Relaxed);
+        DropToken(Arc::new(DropTokenInner(alive.clone())))
+    }
+}
+
+impl Drop for DropTokenInner {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Expected counters of one probe.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Counters {
+    hits: u64,
+    exits: u64,
+    recursion: u64,
+    exhausted: u64,
+    depth: u64,
+    disabled: u64,
+    panics: u64,
+}
+
+impl Counters {
+    fn of(s: &ProbeStats) -> Self {
+        Counters {
+            hits: s.hits,
+            exits: s.exits,
+            recursion: s.missed.recursion,
+            exhausted: s.missed.pool_exhausted,
+            depth: s.missed.depth,
+            disabled: s.missed.disabled,
+            panics: s.panics,
+        }
+    }
+}
+
+struct ModelProbe {
+    handle: ProbeHandle,
+    spec: ProbeSpec,
+    alive: bool,
+    enabled: bool,
+    counters: Counters,
+}
+
+/// One in-flight return instance: its probe, address and cookie.
+#[derive(Clone, Copy, Debug)]
+struct Inst {
+    probe: usize,
+    addr: u64,
+    cookie: u64,
+}
+
+/// One thread's dispatch state.
+#[derive(Default)]
+struct ThreadModel {
+    /// Instances pushed per call, innermost last.
+    frames: Vec<Vec<Inst>>,
+    /// Calls whose frame did not fit.
+    overflow: usize,
+    /// Finished instances cached for reuse by this thread.
+    free: usize,
+    ignored: bool,
+}
+
+impl ThreadModel {
+    fn depth(&self) -> usize {
+        self.frames.iter().map(Vec::len).sum()
+    }
+}
+
+struct Model {
+    probes: Vec<ModelProbe>,
+    /// `(address, probe, cookie)` in registration order: the index's values.
+    attached: Vec<(u64, usize, u64)>,
+    /// Instances outside the shared pool (in some thread's stack or cache).
+    owned: usize,
+    instances: usize,
+    max_depth: usize,
+    max_frames: usize,
+    events: Vec<Event>,
+}
+
+impl Model {
+    fn at(&self, a: u64) -> Vec<(usize, u64)> {
+        self.attached
+            .iter()
+            .filter(|x| x.0 == a)
+            .map(|x| (x.1, x.2))
+            .collect()
+    }
+
+    /// A nested call from a handler: recursion misses for every probe
+    /// attached there (enabled or not), nothing runs.
+    fn nested(&mut self, t: &ThreadModel, recurse: Option<u8>) {
+        if let Some(a) = recurse {
+            if t.frames.len() < self.max_frames {
+                for (p, _) in self.at(addr(a)) {
+                    self.probes[p].counters.recursion += 1;
+                }
+            }
+        }
+    }
+
+    fn on_entry(&mut self, t: &mut ThreadModel, a: u64) {
+        if t.frames.len() >= self.max_frames {
+            t.overflow += 1;
+            return;
+        }
+        let mut frame = Vec::new();
+        if !t.ignored {
+            for (p, cookie) in self.at(a) {
+                if !self.probes[p].enabled {
+                    self.probes[p].counters.disabled += 1;
+                    continue;
+                }
+                self.probes[p].counters.hits += 1;
+                let spec = self.probes[p].spec.clone();
+                let mut pushed = false;
+                if spec.exit.is_some() {
+                    let depth = t.depth() + frame.len();
+                    if depth >= self.max_depth {
+                        self.probes[p].counters.depth += 1;
+                    } else if t.free > 0 {
+                        t.free -= 1;
+                        pushed = true;
+                    } else if self.owned < self.instances {
+                        self.owned += 1;
+                        pushed = true;
+                    } else {
+                        self.probes[p].counters.exhausted += 1;
+                    }
+                }
+                let mut action = EntryKind::Continue;
+                if let Some(kind) = spec.entry {
+                    self.events.push(Event::Entry {
+                        probe: p,
+                        addr: a,
+                        cookie,
+                        data_len: if pushed {
+                            usize::from(spec.data_size)
+                        } else {
+                            0
+                        },
+                    });
+                    self.nested(t, spec.recurse);
+                    action = kind;
+                    if kind == EntryKind::Panic {
+                        self.probes[p].counters.panics += 1;
+                    }
+                }
+                if pushed {
+                    if action == EntryKind::Continue {
+                        frame.push(Inst {
+                            probe: p,
+                            addr: a,
+                            cookie,
+                        });
+                    } else {
+                        t.free += 1;
+                    }
+                }
+            }
+        }
+        t.frames.push(frame);
+    }
+
+    fn on_exit(&mut self, t: &mut ThreadModel) {
+        if t.overflow > 0 {
+            t.overflow -= 1;
+            return;
+        }
+        let Some(frame) = t.frames.pop() else { return };
+        for inst in frame.into_iter().rev() {
+            t.free += 1;
+            let mp = &self.probes[inst.probe];
+            if !mp.alive {
+                continue; // expired: unregistered since the entry
+            }
+            let Some(panics) = mp.spec.exit else { continue };
+            let recurse = mp.spec.recurse;
+            self.events.push(Event::Exit {
+                probe: inst.probe,
+                addr: inst.addr,
+                cookie: inst.cookie,
+                data_ok: true,
+            });
+            self.nested(t, recurse);
+            let c = &mut self.probes[inst.probe].counters;
+            if panics {
+                c.panics += 1;
+            } else {
+                c.exits += 1;
+            }
+        }
+    }
+
+    fn live(&self, nth: u8) -> Option<usize> {
+        let live: Vec<usize> = (0..self.probes.len())
+            .filter(|&i| self.probes[i].alive)
+            .collect();
+        (!live.is_empty()).then(|| live[usize::from(nth) % live.len()])
+    }
+
+    fn dead(&self, nth: u8) -> Option<usize> {
+        let dead: Vec<usize> = (0..self.probes.len())
+            .filter(|&i| !self.probes[i].alive)
+            .collect();
+        (!dead.is_empty()).then(|| dead[usize::from(nth) % dead.len()])
+    }
+}
+
+fn check(reg: &Registry<()>, m: &Model, log: &Log) {
+    assert_eq!(*log.lock().unwrap(), m.events, "handler calls");
+    for (i, p) in m.probes.iter().enumerate() {
+        match reg.stats(p.handle) {
+            Ok(s) => {
+                assert!(p.alive, "stats of unregistered probe {i}");
+                assert_eq!(Counters::of(&s), p.counters, "counters of probe {i}");
+            }
+            Err(e) => {
+                assert!(!p.alive, "probe {i} lost: {e}");
+                assert_eq!(e, Error::NotFound);
+            }
+        }
+    }
+    let addrs: std::collections::HashSet<u64> = m.attached.iter().map(|x| x.0).collect();
+    assert_eq!(reg.addresses(), addrs.len());
+}
+
+/// Runs `ops` on the calling thread against a registry with `instances`
+/// return instances and return stacks `max_depth` deep.
+pub fn run(instances: usize, max_depth: usize, ops: &[Op]) {
+    let alive = Arc::new(AtomicUsize::new(0));
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    let cell: RegCell = Arc::new(OnceLock::new());
+    let reg = Arc::new(
+        Registry::<()>::builder()
+            .max_probes(MAX_PROBES)
+            .instances(instances)
+            .max_depth(max_depth)
+            .data_size(DATA_SIZE)
+            .build()
+            .unwrap(),
+    );
+    cell.set(Arc::downgrade(&reg)).unwrap();
+    let mut m = Model {
+        probes: Vec::new(),
+        attached: Vec::new(),
+        owned: 0,
+        instances,
+        max_depth,
+        max_frames: max_depth.max(1) * 4,
+        events: Vec::new(),
+    };
+    let mut me = ThreadModel::default();
+    for op in ops {
+        match op {
+            Op::Register(spec) => {
+                let id = m.probes.len();
+                let probe = build_probe(id, spec, &log, &cell, &alive);
+                let pairs: Vec<(u64, u64)> = spec
+                    .attach
+                    .iter()
+                    .map(|&(a, c)| (addr(a), u64::from(c)))
+                    .collect();
+                let r = reg.register_with_cookies(probe, pairs.iter().copied());
+                let live = m.probes.iter().filter(|p| p.alive).count();
+                if usize::from(spec.data_size) > DATA_SIZE {
+                    assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
+                } else if live == MAX_PROBES {
+                    assert!(matches!(r, Err(Error::CapacityExceeded { .. })), "{r:?}");
+                } else {
+                    let handle = r.unwrap();
+                    m.probes.push(ModelProbe {
+                        handle,
+                        spec: spec.clone(),
+                        alive: true,
+                        enabled: true,
+                        counters: Counters::default(),
+                    });
+                    m.attached
+                        .extend(pairs.into_iter().map(|(a, c)| (a, id, c)));
+                }
+            }
+            Op::Unregister(nth) => {
+                if let Some(p) = m.live(*nth) {
+                    reg.unregister(m.probes[p].handle).unwrap();
+                    m.probes[p].alive = false;
+                    m.attached.retain(|x| x.1 != p);
+                    assert_eq!(reg.unregister(m.probes[p].handle), Err(Error::NotFound));
+                } else if let Some(p) = m.dead(*nth) {
+                    assert_eq!(reg.unregister(m.probes[p].handle), Err(Error::NotFound));
+                }
+            }
+            Op::Enable(nth) | Op::Disable(nth) => {
+                let on = matches!(op, Op::Enable(_));
+                let call = |h| if on { reg.enable(h) } else { reg.disable(h) };
+                if let Some(p) = m.live(*nth) {
+                    call(m.probes[p].handle).unwrap();
+                    m.probes[p].enabled = on;
+                } else if let Some(p) = m.dead(*nth) {
+                    assert_eq!(call(m.probes[p].handle), Err(Error::NotFound));
+                }
+            }
+            Op::Entry(a) => {
+                reg.on_entry(addr(*a), 0, &());
+                m.on_entry(&mut me, addr(*a));
+            }
+            Op::Exit => {
+                reg.on_exit(0, &());
+                m.on_exit(&mut me);
+            }
+            Op::CallOnOtherThread(a) => {
+                let r = reg.clone();
+                let k = addr(*a);
+                std::thread::spawn(move || {
+                    r.on_entry(k, 0, &());
+                    r.on_exit(0, &());
+                })
+                .join()
+                .unwrap();
+                let mut other = ThreadModel::default();
+                m.on_entry(&mut other, k);
+                m.on_exit(&mut other);
+                // The thread's exit gave its cached instances back.
+                m.owned -= other.free;
+            }
+            Op::Ignore(on) => {
+                ignore_current_thread(*on);
+                me.ignored = *on;
+            }
+            Op::Stats => {}
+        }
+        check(&reg, &m, &log);
+    }
+    ignore_current_thread(false);
+    drop(reg);
+    fprobe::rcu::barrier();
+    assert_eq!(
+        alive.load(Ordering::Relaxed),
+        0,
+        "a probe was never dropped"
+    );
+}
+
+/// Decodes fuzzer bytes (registry shape, then ops until the bytes run out)
+/// and runs them on a fresh thread (a registry's per-thread state lives
+/// until its thread exits, so each run gets its own).
+pub fn run_bytes(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let instances = usize::from(u.arbitrary::<u8>().unwrap_or(0) % 8) + 1;
+    let max_depth = usize::from(u.arbitrary::<u8>().unwrap_or(0) % 5);
+    let mut ops = Vec::new();
+    while !u.is_empty() {
+        match Op::arbitrary(&mut u) {
+            Ok(op) => ops.push(op),
+            Err(_) => break,
+        }
+    }
+    if let Err(e) = std::thread::spawn(move || run(instances, max_depth, &ops)).join() {
+        std::panic::resume_unwind(e);
+    }
+}

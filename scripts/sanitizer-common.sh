@@ -1,0 +1,40 @@
+# Sourced by scripts/tsan.sh and scripts/asan.sh: installs nightly and
+# rust-src (for -Zbuild-std) if missing, or prints SKIPPED and exits 0.
+# Sets `san_target` and `san_dir` (target directory per sanitizer).
+san_need_nightly() { # san_need_nightly NAME
+  local name=$1
+  if ! cargo +nightly --version >/dev/null 2>&1; then
+    echo "$name: installing nightly"
+    if ! rustup toolchain install nightly --profile minimal >"/tmp/$name-install.log" 2>&1; then
+      echo "$name: SKIPPED (nightly install failed: $(tail -1 "/tmp/$name-install.log"))"
+      exit 0
+    fi
+  fi
+  if ! rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rust-src'; then
+    echo "$name: installing rust-src (for -Zbuild-std)"
+    if ! rustup component add --toolchain nightly rust-src >>"/tmp/$name-install.log" 2>&1; then
+      echo "$name: SKIPPED (rust-src install failed: $(tail -1 "/tmp/$name-install.log"))"
+      exit 0
+    fi
+  fi
+  san_target=x86_64-unknown-linux-gnu
+  san_dir="${CARGO_TARGET_DIR:-target}/$name"
+  mkdir -p "$san_dir"
+}
+
+# san_canary NAME PATTERN CMD...: runs CMD (a checker run of a deliberately
+# broken test); passes only if it fails AND its output matches PATTERN.
+san_canary() {
+  local name=$1 pattern=$2 log
+  shift 2
+  log="$san_dir/canary.log"
+  mkdir -p "$san_dir"
+  echo "== $name: canary (must be caught)"
+  if "$@" >"$log" 2>&1; then
+    echo "$name canary: NOT CAUGHT (the checker is blind)"; return 1
+  elif grep -q "$pattern" "$log"; then
+    echo "$name canary: canary caught"; grep -m2 "$pattern" "$log"; return 0
+  else
+    echo "$name canary: failed for another reason:"; tail -30 "$log"; return 1
+  fi
+}

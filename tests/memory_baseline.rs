@@ -1,0 +1,184 @@
+//! Memory returns to its baseline: a counting global allocator measures the
+//! bytes live in the whole process before and after rounds of heavy use of
+//! an `AddrIndex` (growing, shrinking, concurrent readers) and a probe
+//! `Registry` (register / dispatch / unregister), each round ended by
+//! `clear()` (or unregistering everything) and `rcu::barrier()`.
+//!
+//! One test in its own file: the allocator counts every thread of the test
+//! binary, so nothing else may run beside it. `#[ignore]`d (it takes a few
+//! seconds in release); `.ci/run` runs it:
+//!
+//! ```sh
+//! cargo test --release --test memory_baseline -- --ignored
+//! ```
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+
+use fprobe::probe::{EntryAction, Fprobe, Registry};
+use fprobe::{AddrIndex, rcu};
+
+/// The system allocator, counting live bytes.
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: forwards every call to `System` unchanged; the counter is only
+// arithmetic on the sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, forwarded.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, forwarded.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: the caller's contract, forwarded.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            LIVE.fetch_add(
+                new_size as isize - layout.size() as isize,
+                Ordering::Relaxed,
+            );
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn live() -> isize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// Slack for allocations outside the crate's control that may come and go
+/// between two measurements (libtest's output capture, thread names).
+const SLACK: isize = 16 << 10;
+
+/// One round on the index: grow to 100k values over 50k addresses with two
+/// readers running, remove half one by one (copy-on-write), then `clear()`.
+fn index_round(index: &Arc<AddrIndex<Vec<u8>>>) -> isize {
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|r| {
+            let (index, stop) = (index.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for a in (r..50_000u64).step_by(97) {
+                        n += index.lookup(a, |v| v.len() as u64).unwrap_or(0);
+                    }
+                }
+                n
+            })
+        })
+        .collect();
+    let mut ids = index
+        .insert_many((0..100_000u64).map(|i| (i % 50_000, vec![i as u8; 24])))
+        .unwrap();
+    let peak = live();
+    for (i, id) in ids.drain(..).enumerate().step_by(2) {
+        index.remove(i as u64 % 50_000, id).unwrap();
+    }
+    index.clear();
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        r.join().unwrap();
+    }
+    rcu::barrier();
+    peak
+}
+
+/// One round on the registry: 32 probes on 4096 addresses, calls on two
+/// threads, then every probe unregistered.
+fn probe_round(reg: &Arc<Registry<()>>) -> isize {
+    let handles: Vec<_> = (0..32u64)
+        .map(|p| {
+            let probe = Fprobe::builder()
+                .data_size(16)
+                .entry(|_| EntryAction::Continue)
+                .exit(|_| {})
+                .build();
+            let addrs: Vec<u64> = (0..128).map(|i| 0x1000 + (p * 128 + i) * 16).collect();
+            reg.register(probe, &addrs).unwrap()
+        })
+        .collect();
+    let callers: Vec<_> = (0..2)
+        .map(|_| {
+            let reg = reg.clone();
+            std::thread::spawn(move || {
+                for i in 0..20_000u64 {
+                    reg.on_entry(0x1000 + (i % 4096) * 16, 0, &());
+                    reg.on_exit(0, &());
+                }
+            })
+        })
+        .collect();
+    for c in callers {
+        c.join().unwrap();
+    }
+    let peak = live();
+    for h in handles {
+        reg.unregister(h).unwrap();
+    }
+    rcu::barrier();
+    peak
+}
+
+#[test]
+#[ignore = "counting allocator; run by .ci/run in release"]
+fn memory_returns_to_baseline_after_clear_and_barrier() {
+    let index: Arc<AddrIndex<Vec<u8>>> = Arc::new(AddrIndex::builder().build().unwrap());
+    let reg = Arc::new(Registry::<()>::builder().build().unwrap());
+    // Warm-up round: the RCU's reclaimer thread, this thread's records and
+    // the registry's per-thread state are allocated once and kept.
+    index_round(&index);
+    probe_round(&reg);
+    let baseline = live();
+    for round in 0..3 {
+        let peak = index_round(&index);
+        let after = live();
+        println!("index round {round}: baseline {baseline} B, peak {peak} B, after {after} B");
+        assert!(
+            peak > baseline + (1 << 20),
+            "the round allocated little: {peak}"
+        );
+        assert!(
+            after <= baseline + SLACK,
+            "index: {} bytes still live after clear() + rcu::barrier()",
+            after - baseline
+        );
+        let peak = probe_round(&reg);
+        let after = live();
+        println!("probe round {round}: baseline {baseline} B, peak {peak} B, after {after} B");
+        assert!(
+            after <= baseline + SLACK,
+            "registry: {} bytes still live after unregister + rcu::barrier()",
+            after - baseline
+        );
+    }
+    drop(index);
+    drop(reg);
+    rcu::barrier();
+    println!("after dropping both: {} B live", live());
+}
