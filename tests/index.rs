@@ -338,7 +338,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: if cfg!(miri) { 2 } else { 64 }, ..ProptestConfig::default() })]
     /// The concurrent fuzz target's operations and checks, fed by proptest.
     #[test]
-    fn concurrent_writers_match_their_own_views(bytes in prop::collection::vec(any::<u8>(), 0..2048)) {
+    fn concurrent_writers_match_their_own_views(bytes in prop::collection::vec(any::<u8>(), 0..if cfg!(miri) { 128 } else { 2048 })) {
         index_concurrent::run_bytes(&bytes);
     }
 }

@@ -550,7 +550,7 @@ proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig { cases: if cfg!(miri) { 4 } else { 128 }, ..Default::default() })]
     /// The fuzz target's operations and model checker, fed by proptest.
     #[test]
-    fn matches_dispatch_model(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1024)) {
+    fn matches_dispatch_model(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..if cfg!(miri) { 128 } else { 1024 })) {
         probe_ops::run_bytes(&bytes);
     }
 }
