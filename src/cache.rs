@@ -241,6 +241,18 @@ impl Generation for crate::sync::AtomicU64 {
     }
 }
 
+/// The generation a fill stores: `now`, loaded before the index lookup.
+/// The deliberately broken build (`--cfg fprobe_canary`) loads it after the
+/// lookup instead, which both loom models must catch.
+#[inline(always)]
+fn fill_generation(generation: &impl Generation, now: u64) -> u64 {
+    if cfg!(fprobe_canary) {
+        generation.current()
+    } else {
+        now
+    }
+}
+
 /// One lookup through one set of a thread's cache: the entry for `addr`
 /// if it was filled at the current generation, else `miss()` (the index
 /// lookup) and a fill of way `victim`. Returns the record and whether it
@@ -263,13 +275,7 @@ fn through_set<R: Copy>(
         }
     }
     let rec = miss();
-    // The deliberately broken build (`--cfg fprobe_canary`) loads the
-    // generation after the index lookup: the loom model must catch it.
-    let filled_at = if cfg!(fprobe_canary) {
-        generation.current()
-    } else {
-        now
-    };
+    let filled_at = fill_generation(generation, now);
     set[victim].set(Entry {
         addr,
         rec,
@@ -337,11 +343,7 @@ fn through_shared_set<T>(
         }
     }
     let rec = miss();
-    let filled_at = if cfg!(fprobe_canary) {
-        generation.current()
-    } else {
-        now
-    };
+    let filled_at = fill_generation(generation, now);
     let e = &set[victim];
     let s = e.seq.load(Ordering::Relaxed);
     // Acquire: the field stores below stay after the lock.

@@ -46,14 +46,16 @@ fn functions(path: &str, lib: &Lib) -> Vec<Func> {
     let data = std::fs::read(path).expect("read the shared object");
     let file = object::File::parse(&*data).expect("parse ELF");
     let mut by_addr: HashMap<u64, (String, bool)> = HashMap::new();
-    let mut open_value = None;
+    let (mut open_value, mut exec_value) = (None, None);
     for s in file.symbols() {
         if s.kind() != SymbolKind::Text || !s.is_definition() || s.size() == 0 {
             continue;
         }
         let Ok(name) = s.name() else { continue };
-        if name == "sqlite3_open" {
-            open_value = Some(s.address());
+        match name {
+            "sqlite3_open" => open_value = Some(s.address()),
+            "sqlite3_exec" => exec_value = Some(s.address()),
+            _ => {}
         }
         let global = s.is_global();
         let e = by_addr
@@ -66,11 +68,7 @@ fn functions(path: &str, lib: &Lib) -> Vec<Func> {
     let value = open_value.expect("sqlite3_open in .symtab");
     let bias = lib.sym("sqlite3_open") - value;
     // A second symbol checks the bias.
-    let exec_value = file
-        .symbols()
-        .find(|s| s.name() == Ok("sqlite3_exec"))
-        .expect("sqlite3_exec")
-        .address();
+    let exec_value = exec_value.expect("sqlite3_exec in .symtab");
     assert_eq!(bias + exec_value, lib.sym("sqlite3_exec"), "load bias");
     let mut v: Vec<Func> = by_addr
         .into_iter()
