@@ -36,4 +36,20 @@ done
 # The C ABI called as C would (its pointer handling, tombstones, destroy
 # under concurrent dispatch); the C test program itself cannot run in miri.
 run "$base" -p fprobe-capi --test api
+# Canaries (tests/canary.rs): deliberate UB miri must report, or it is blind.
+canary() { # canary TEST PATTERN
+  local log="${CARGO_TARGET_DIR:-target}/miri-canary-$1.log"
+  mkdir -p "$(dirname "$log")"
+  echo "== miri: canary $1 (must be caught)"
+  if MIRIFLAGS="$base" timeout 600 cargo +nightly miri test --test canary -- --ignored --exact "$1" \
+      >"$log" 2>&1; then
+    echo "miri canary $1: NOT CAUGHT (the checker is blind)"; status=1
+  elif grep -q "$2" "$log"; then
+    echo "miri canary $1: canary caught"; grep -m1 "$2" "$log"
+  else
+    echo "miri canary $1: failed for another reason:"; tail -20 "$log"; status=1
+  fi
+}
+canary canary_relaxed_publication "Undefined Behavior: Data race detected"
+canary canary_free_without_grace_period "Undefined Behavior:.*\(freed\|dangling\)"
 exit $status

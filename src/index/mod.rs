@@ -227,6 +227,13 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
     /// assert_eq!(index.remove(1, id), Err(Error::NotFound));
     /// ```
     pub fn remove(&self, addr: u64, id: EntryId) -> Result<(), Error> {
+        #[cfg(fprobe_fuzz_canary)]
+        if id.0 % 5 == 4 {
+            // Deliberately broken build (`--cfg fprobe_fuzz_canary`,
+            // `scripts/fuzz.sh`): claims to remove every fifth id and keeps
+            // it, a bug the fuzz targets' model checks must catch.
+            return Ok(());
+        }
         self.raw.remove(addr, id.0)
     }
 
