@@ -612,10 +612,10 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // an address; a batch that does only over-allocates), so the sort
         // below can order keys by their home slot in the final table.
         self.presize(n);
-        let (seed, mask) = {
+        let (hasher, mask) = {
             let _guard = rcu::read_lock();
             let t = self.newest();
-            (t.seed(), t.capacity() - 1)
+            (t.hasher(), t.capacity() - 1)
         };
         // (stripe, home slot, key, input position): one lock per stripe run,
         // the table swept in slot order within a run (its cache misses turn
@@ -628,7 +628,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             .iter()
             .enumerate()
             .map(|(i, &k)| {
-                let home = (table::hash(k, seed) as usize & mask) as u128;
+                let home = (hasher.hash(k) as usize & mask) as u128;
                 let stripe = stripe_of(k, self.stripe_mask) as u128;
                 (stripe << 104) | (home << 64) | i as u128
             })
