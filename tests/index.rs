@@ -125,6 +125,43 @@ fn insert_many_is_all_or_nothing() {
     assert_eq!(index.lookup(5, |v| v.to_vec()), Some(vec![5, 1]));
 }
 
+/// A batch that repeats addresses (many values on one, a few on others,
+/// one address that already had values) keeps every address's values in
+/// input order after the existing ones, with ids that remove exactly them.
+#[test]
+fn insert_many_with_repeated_addresses_keeps_input_order() {
+    let index = AddrIndex::builder().min_capacity(8).build().unwrap();
+    let old = index.insert(7, u64::MAX).unwrap();
+    let n = if cfg!(miri) { 60 } else { 3000 };
+    let batch: Vec<(u64, u64)> = (0..n)
+        .map(|i| match i % 3 {
+            0 => (7, i),             // the existing address
+            1 => (1000 + i % 10, i), // ten addresses, many values each
+            _ => (100_000 + i, i),   // fresh, once each
+        })
+        .collect();
+    let ids = index.insert_many(batch.clone()).unwrap();
+    let mut want: std::collections::HashMap<u64, Vec<u64>> = Default::default();
+    want.entry(7).or_default().push(u64::MAX);
+    for &(a, v) in &batch {
+        want.entry(a).or_default().push(v);
+    }
+    for (a, vals) in &want {
+        assert_eq!(
+            index.lookup(*a, |v| v.to_vec()).as_ref(),
+            Some(vals),
+            "address {a}"
+        );
+    }
+    assert_eq!(index.len(), n as usize + 1);
+    // Every id names its own value.
+    for ((a, v), id) in batch.iter().zip(&ids) {
+        assert_eq!(index.take(*a, *id), Ok(*v));
+    }
+    assert_eq!(index.take(7, old), Ok(u64::MAX));
+    assert!(index.is_empty());
+}
+
 #[test]
 fn insert_many_rollback_after_concurrent_fill() {
     // Force the mid-way failure path: another thread fills the index while

@@ -70,6 +70,12 @@ use crate::sync::{AtomicPtr, AtomicU64, AtomicUsize, CachePadded, Mutex, MutexGu
 /// Slots migrated per write while a resize is in progress.
 pub(crate) const MIGRATE_CHUNK: usize = 256;
 
+/// Most keys a bulk insert adds per stripe-lock acquisition.
+const BULK_RUN: usize = 1024;
+
+/// How far ahead of the key being inserted a bulk insert prefetches.
+const PREFETCH_AHEAD: usize = 8;
+
 /// Bits of an entry id that name its stripe.
 const STRIPE_ID_BITS: u32 = 16;
 
@@ -187,6 +193,63 @@ pub(crate) struct RawStats {
 /// `V::clone` aborts the copy-on-write before anything is published).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Which entry ids a bulk insert has handed out so far, to recognise an
+/// address repeated within the batch.
+#[derive(Default)]
+struct BulkBatch {
+    /// Per lock hold: (stripe, first sequence number, end). Under one hold
+    /// every id the stripe hands out is the batch's.
+    holds: Vec<(usize, u64, u64)>,
+    /// Input positions of repeats, appended after the first pass.
+    deferred: Vec<usize>,
+    /// Addresses with a deferred value: every later value of theirs is
+    /// deferred too, which keeps input order even if a concurrent writer
+    /// removed one of the batch's (guessable) ids in between.
+    deferred_keys: std::collections::HashSet<u64>,
+}
+
+impl BulkBatch {
+    /// A lock hold of stripe `si` begins at sequence number `seq`.
+    fn hold(&mut self, si: usize, seq: u64) -> usize {
+        self.holds.push((si, seq, u64::MAX));
+        self.holds.len() - 1
+    }
+
+    /// The hold ends; the stripe's next sequence number is `seq`.
+    fn release(&mut self, hold: usize, seq: u64) {
+        self.holds[hold].2 = seq;
+    }
+
+    /// Whether `key`, whose current record is `found` (under its stripe
+    /// lock), already holds a value of this batch, or has deferred ones.
+    /// `seq`: the stripe's next sequence number (bounds the hold in
+    /// progress).
+    fn repeats<V>(&mut self, key: u64, found: Option<&(&Slot, RecordPtr<V>)>, seq: u64) -> bool {
+        if !self.deferred_keys.is_empty() && self.deferred_keys.contains(&key) {
+            return true;
+        }
+        let Some((_, rec)) = found else {
+            return false;
+        };
+        // SAFETY: the caller holds a read guard and the stripe lock.
+        let ours = unsafe { rec.ids() }.iter().any(|&id| {
+            let (si, s) = (
+                (id & ((1 << STRIPE_ID_BITS) - 1)) as usize,
+                id >> STRIPE_ID_BITS,
+            );
+            self.holds.iter().any(|&(h, lo, hi)| {
+                // The hold in progress ends at the stripe's next number.
+                let hi = if hi == u64::MAX { seq } else { hi };
+                h == si && (lo..hi).contains(&s)
+            })
+        });
+        if ours {
+            self.deferred_keys.insert(key);
+        }
+        ours
+    }
 }
 
 /// A failed bulk insert: the error and every value, in input order.
@@ -435,9 +498,26 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         next: &mut dyn FnMut() -> V,
         n: usize,
     ) -> Result<Option<Group>, Error> {
+        let found = self.locate(key);
+        self.insert_group_located(si, stripe, st, key, found, next, n)
+    }
+
+    /// [`RawIndex::insert_group_locked`] with `key`'s live slot and record
+    /// already located (`locate`, under the same lock hold).
+    #[allow(clippy::too_many_arguments)]
+    fn insert_group_located(
+        &self,
+        si: usize,
+        stripe: &Stripe,
+        st: &mut StripeState,
+        key: u64,
+        found: Option<(&Slot, RecordPtr<V>)>,
+        next: &mut dyn FnMut() -> V,
+        n: usize,
+    ) -> Result<Option<Group>, Error> {
         let first = st.next_seq << STRIPE_ID_BITS | si as u64;
         let ids = move |i: usize| first + ((i as u64) << STRIPE_ID_BITS);
-        if let Some((slot, old)) = self.locate(key) {
+        if let Some((slot, old)) = found {
             // SAFETY: `old` is live under the caller's guard.
             let (old_ids, old_vals) = unsafe { (old.ids(), old.values()) };
             let new = RecordPtr::<V>::build(
@@ -609,136 +689,183 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             }
         }
         // Presize for every key being new (bulk registrations rarely repeat
-        // an address; a batch that does only over-allocates), so the sort
-        // below can order keys by their home slot in the final table.
+        // an address; a batch that does only over-allocates): no migration
+        // runs during the batch.
         self.presize(n);
-        let (hasher, mask) = {
-            let _guard = rcu::read_lock();
-            let t = self.newest();
-            (t.hasher(), t.capacity() - 1)
-        };
-        // (stripe, home slot, key, input position): one lock per stripe run,
-        // the table swept in slot order within a run (its cache misses turn
-        // into a sequential walk), keys of one address adjacent, and the
-        // position keeps their values in input order.
-        // Sorted as packed `u128`s (stripe and home slot above the position):
-        // cheaper to sort than tuples. Keys sharing a home slot are then put
-        // in key order (tiny runs), so each key's values stay adjacent.
-        let mut packed: Vec<u128> = keys
-            .iter()
-            .enumerate()
-            .map(|(i, &k)| {
-                let home = (hasher.hash(k) as usize & mask) as u128;
-                let stripe = stripe_of(k, self.stripe_mask) as u128;
-                (stripe << 104) | (home << 64) | i as u128
-            })
-            .collect();
-        packed.sort_unstable();
-        let mut order: Vec<(usize, usize, u64, usize)> = packed
-            .into_iter()
-            .map(|p| {
-                let i = p as u64 as usize;
-                (
-                    (p >> 104) as usize,
-                    (p >> 64) as usize & ((1 << 40) - 1),
-                    keys[i],
-                    i,
-                )
-            })
-            .collect();
-        let mut a = 0;
-        while a < n {
-            let b = a + order[a..]
-                .iter()
-                .take_while(|o| (o.0, o.1) == (order[a].0, order[a].1))
-                .count();
-            if b - a > 1 {
-                order[a..b].sort_unstable_by_key(|o| (o.2, o.3));
-            }
-            a = b;
+        // Input positions grouped by stripe, input order kept within each
+        // stripe (a counting sort: two linear passes; a comparison sort of
+        // the batch cost as much as the inserts): one lock acquisition per
+        // stripe run, and the values and keys read in ascending order.
+        let stripes = self.stripes.len();
+        let mut bounds = vec![0usize; stripes + 1];
+        for &k in &keys {
+            bounds[stripe_of(k, self.stripe_mask) + 1] += 1;
         }
+        for i in 0..stripes {
+            bounds[i + 1] += bounds[i];
+        }
+        let mut order = vec![0usize; n];
+        let mut fill = bounds.clone();
+        for (i, &k) in keys.iter().enumerate() {
+            let s = stripe_of(k, self.stripe_mask);
+            order[fill[s]] = i;
+            fill[s] += 1;
+        }
+        drop(fill);
         let mut ids = vec![0u64; n];
-        // (key, start of its group in `order`)
-        let mut inserted: Vec<(u64, usize)> = Vec::new();
-        let mut j = 0;
-        while j < n {
-            // One stripe run: one read guard, one lock acquisition.
-            let si = order[j].0;
-            let run_end = j + order[j..].iter().take_while(|o| o.0 == si).count();
-            let stripe = &*self.stripes[si];
-            let guard = rcu::read_lock();
-            let mut st = lock(&stripe.lock);
-            let (mut claims, mut long_probe) = (0, false);
-            let mut stopped: Option<Result<usize, Error>> = None;
-            while j < run_end {
-                let key = order[j].2;
-                let end = j + order[j..run_end].iter().take_while(|o| o.2 == key).count();
-                let group = &order[j..end];
-                let mut taken = 0;
-                let mut next = || {
-                    let v = vals[group[taken].3]
-                        .take()
-                        .expect("each value inserted once");
-                    taken += 1;
-                    v
-                };
-                match self.insert_group_locked(si, stripe, &mut st, key, &mut next, group.len()) {
-                    Ok(Some(g)) => {
-                        for (i, o) in group.iter().enumerate() {
-                            ids[o.3] = g.first + ((i as u64) << STRIPE_ID_BITS);
+        // Positions inserted so far, for the rollback.
+        let mut inserted: Vec<usize> = Vec::new();
+        // A repeated address: its first value goes in with the pass below,
+        // the later ones are deferred and appended afterwards, all of an
+        // address's deferred values in one record copy (appending each on
+        // its own would copy the record once per value: quadratic for many
+        // values on one address).
+        let mut batch = BulkBatch::default();
+        for si in 0..stripes {
+            let mut j = bounds[si];
+            while j < bounds[si + 1] {
+                // At most BULK_RUN keys per lock acquisition, so writers
+                // waiting on this stripe are not held up for the whole batch.
+                let end = bounds[si + 1].min(j + BULK_RUN);
+                let stripe = &*self.stripes[si];
+                let guard = rcu::read_lock();
+                let mut st = lock(&stripe.lock);
+                let hold = batch.hold(si, st.next_seq);
+                // No future can be attached while we hold a stripe lock.
+                let table = self.newest();
+                let (mut claims, mut long_probe) = (0, false);
+                let mut stopped: Option<Result<usize, Error>> = None;
+                while j < end {
+                    // The keys are known in advance: fetch the slot of a
+                    // key a few places ahead while this one is inserted
+                    // (overlaps the table's cache misses).
+                    if j + PREFETCH_AHEAD < end {
+                        table.prefetch(keys[order[j + PREFETCH_AHEAD]]);
+                    }
+                    let p = order[j];
+                    let found = self.locate(keys[p]);
+                    if batch.repeats(keys[p], found.as_ref(), st.next_seq) {
+                        batch.deferred.push(p);
+                        j += 1;
+                        continue;
+                    }
+                    let mut next = || vals[p].take().expect("each value inserted once");
+                    match self
+                        .insert_group_located(si, stripe, &mut st, keys[p], found, &mut next, 1)
+                    {
+                        Ok(Some(g)) => {
+                            ids[p] = g.first;
+                            inserted.push(p);
+                            claims += usize::from(g.claimed);
+                            long_probe |= g.long_probe;
+                            j += 1;
                         }
-                        inserted.push((key, j));
-                        claims += usize::from(g.claimed);
-                        long_probe |= g.long_probe;
-                        j = end;
-                    }
-                    Ok(None) => {
-                        stopped = Some(Ok(end - j));
-                        break;
-                    }
-                    Err(e) => {
-                        stopped = Some(Err(e));
-                        break;
+                        Ok(None) => {
+                            stopped = Some(Ok(bounds[si + 1] - j));
+                            break;
+                        }
+                        Err(e) => {
+                            stopped = Some(Err(e));
+                            break;
+                        }
                     }
                 }
+                batch.release(hold, st.next_seq);
+                drop(st);
+                drop(guard);
+                if let Some(e) = self.after_bulk_run(claims, long_probe, stopped) {
+                    return Err(self.roll_back(e, &keys, vals, &ids, &inserted));
+                }
             }
+        }
+        // The deferred repeats, grouped by address (a stable sort keeps
+        // input order within each address), one record copy per address.
+        let mut deferred = std::mem::take(&mut batch.deferred);
+        deferred.sort_by_key(|&p| keys[p]);
+        let mut j = 0;
+        while j < deferred.len() {
+            let key = keys[deferred[j]];
+            let end = j + deferred[j..]
+                .iter()
+                .take_while(|&&p| keys[p] == key)
+                .count();
+            let group = &deferred[j..end];
+            let (si, stripe) = self.stripe(key);
+            let guard = rcu::read_lock();
+            let mut st = lock(&stripe.lock);
+            let mut taken = 0;
+            let mut next = || {
+                let v = vals[group[taken]].take().expect("each value inserted once");
+                taken += 1;
+                v
+            };
+            let r = self.insert_group_locked(si, stripe, &mut st, key, &mut next, group.len());
             drop(st);
             drop(guard);
-            if long_probe {
-                self.request_rehash();
-            }
-            if claims > 0 {
-                self.after_write(claims);
-            }
-            match stopped {
-                None => {}
-                // No room: grow, then retry from the group that stopped.
-                Some(Ok(extra)) => self.grow_blocking(extra.max(n - j), false),
-                Some(Err(e)) => return Err(self.roll_back(e, &keys, vals, &order, &ids, &inserted)),
+            let (claims, long_probe, stopped) = match r {
+                Ok(Some(g)) => {
+                    for (i, &p) in group.iter().enumerate() {
+                        ids[p] = g.first + ((i as u64) << STRIPE_ID_BITS);
+                        inserted.push(p);
+                    }
+                    j = end;
+                    (usize::from(g.claimed), g.long_probe, None)
+                }
+                Ok(None) => (0, false, Some(Ok(deferred.len() - j))),
+                Err(e) => (0, false, Some(Err(e))),
+            };
+            if let Some(e) = self.after_bulk_run(claims, long_probe, stopped) {
+                return Err(self.roll_back(e, &keys, vals, &ids, &inserted));
             }
         }
         self.after_write(0);
         Ok(ids)
     }
 
-    /// Undoes a failed bulk insert: unlinks what it inserted, waits one
-    /// grace period, and moves every value back out, in input order.
+    /// After a bulk insert releases a stripe lock: rehash, resize or grow
+    /// as the run found; a run that stopped on an error hands it back.
+    fn after_bulk_run(
+        &self,
+        claims: usize,
+        long_probe: bool,
+        stopped: Option<Result<usize, Error>>,
+    ) -> Option<Error> {
+        if long_probe {
+            self.request_rehash();
+        }
+        if claims > 0 {
+            self.after_write(claims);
+        }
+        match stopped {
+            None => None,
+            // No room (a concurrent writer filled the table first): grow,
+            // and the caller retries from the key that stopped.
+            Some(Ok(extra)) => {
+                self.grow_blocking(extra, false);
+                None
+            }
+            Some(Err(e)) => Some(e),
+        }
+    }
+
+    /// Undoes a failed bulk insert: unlinks what it inserted (`inserted`:
+    /// input positions), waits one grace period, and moves every value back
+    /// out, in input order.
     fn roll_back(
         &self,
         e: Error,
         keys: &[u64],
         mut vals: Vec<Option<V>>,
-        order: &[(usize, usize, u64, usize)],
         ids: &[u64],
-        inserted: &[(u64, usize)],
+        inserted: &[usize],
     ) -> BulkError<V> {
-        let mut unlinked = Vec::with_capacity(inserted.len());
-        for &(key, start) in inserted {
-            let gids: Vec<u64> = order[start..]
-                .iter()
-                .take_while(|o| o.2 == key)
-                .map(|o| ids[o.3])
-                .collect();
+        // The batch's ids of each address, unlinked together.
+        let mut by_key: Vec<(u64, u64)> = inserted.iter().map(|&p| (keys[p], ids[p])).collect();
+        by_key.sort_unstable();
+        let mut unlinked = Vec::with_capacity(by_key.len());
+        for group in by_key.chunk_by(|a, b| a.0 == b.0) {
+            let key = group[0].0;
+            let gids: Vec<u64> = group.iter().map(|&(_, id)| id).collect();
             match self.unlink(key, &gids) {
                 Ok(rec) => unlinked.push((rec, gids)),
                 // A concurrent writer removed one of our fresh ids (ids are
@@ -760,11 +887,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             // the record's only owner.
             unsafe { rec.free_extracting(|id| gids.contains(&id), &mut back) };
         }
-        let pos_of: std::collections::HashMap<u64, usize> = order
-            .iter()
-            .map(|o| (ids[o.3], o.3))
-            .filter(|&(id, _)| id != 0)
-            .collect();
+        let pos_of: std::collections::HashMap<u64, usize> =
+            inserted.iter().map(|&p| (ids[p], p)).collect();
         for (id, v) in back {
             vals[pos_of[&id]] = Some(v);
         }

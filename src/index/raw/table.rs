@@ -222,8 +222,21 @@ impl Table {
         }
     }
 
-    pub(crate) fn hasher(&self) -> Hasher {
-        self.hasher
+    /// Hints the CPU to fetch `key`'s home slot (bulk inserts know their
+    /// keys in advance). A hint only: nothing is read or written.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, key: u64) {
+        let i = self.hasher.hash(key) as usize & self.mask;
+        let p = self.slots[i..].as_ptr();
+        #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
+        // SAFETY: prefetching is a hint that reads and writes nothing; any
+        // address is allowed, and this one is inside the table.
+        #[allow(unused_unsafe)]
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(miri), not(loom))))]
+        let _ = p;
     }
 
     /// Reserves one claim for a writer if, counting it and `pending` more
