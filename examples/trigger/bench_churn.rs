@@ -9,6 +9,8 @@
 //! * `hot-set`: hot readers (90% on 64 addresses); the writer adds a value
 //!   to a hot address and removes it again, round-robin over the hot set,
 //!   so the records the readers hit are replaced (copy-on-write) under them.
+//! * `… 10k ops/s`: the same writer paced to 10,000 operations a second (a
+//!   busy attach/detach rate rather than a flood).
 
 use std::collections::VecDeque;
 use std::hint::black_box;
@@ -30,6 +32,8 @@ enum Writer {
     /// `Disjoint` capped at [`PACED_OPS`] operations per second.
     DisjointPaced,
     HotSet,
+    /// `HotSet` capped at [`PACED_OPS`] operations per second.
+    HotSetPaced,
 }
 
 /// Rate of the paced writer: a busy attach/detach workload, not a flood.
@@ -62,6 +66,7 @@ pub fn run(cfg: &Config) -> Vec<Row> {
             Writer::DisjointPaced,
         ),
         ("hot-set", Workload::Hot, Writer::HotSet),
+        ("hot-set, 10k ops/s", Workload::Hot, Writer::HotSetPaced),
     ] {
         let streams = addrs::streams(&set.addrs, workload, readers, BATCH, cfg.seed);
         let (mut idle, mut churn, mut writes, mut gps) = (
@@ -163,7 +168,8 @@ fn phase(
                 let n = match writer {
                     Writer::Disjoint => churn_disjoint(index, top, stop_writer, f64::INFINITY),
                     Writer::DisjointPaced => churn_disjoint(index, top, stop_writer, PACED_OPS),
-                    _ => churn_hot(index, hot, stop_writer),
+                    Writer::HotSetPaced => churn_hot(index, hot, stop_writer, PACED_OPS),
+                    _ => churn_hot(index, hot, stop_writer, f64::INFINITY),
                 };
                 // Relaxed: read after the scope joins this thread.
                 ops.store(n, Ordering::Relaxed);
@@ -231,8 +237,10 @@ fn churn_disjoint(index: &AddrIndex<u64>, top: u64, stop: &AtomicBool, rate: f64
     ops
 }
 
-/// Adds a value to each hot address in turn and removes it again.
-fn churn_hot(index: &AddrIndex<u64>, hot: &[u64], stop: &AtomicBool) -> u64 {
+/// Adds a value to each hot address in turn and removes it again, at most
+/// `rate` operations per second.
+fn churn_hot(index: &AddrIndex<u64>, hot: &[u64], stop: &AtomicBool, rate: f64) -> u64 {
+    let t0 = Instant::now();
     let mut ops = 0u64;
     let mut k = 0;
     // Relaxed: a stop request, polled.
@@ -242,6 +250,9 @@ fn churn_hot(index: &AddrIndex<u64>, hot: &[u64], stop: &AtomicBool) -> u64 {
         index.remove(a, id).expect("inserted above");
         ops += 2;
         k = (k + 1) % hot.len();
+        while ops as f64 > rate * t0.elapsed().as_secs_f64() {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
     }
     ops
 }
