@@ -189,11 +189,47 @@ impl Table {
     /// The record pointer of `key` in this table: null when absent or
     /// without values, `MOVED`, or live. Lock-free, wait-free in the
     /// absence of writers, no stores.
+    ///
+    /// The first two slots of the probe sequence are compared together and
+    /// the match picked without a branch: a key is in one of them nearly
+    /// always (at the loads the table keeps), so the one branch that
+    /// remains is predictable, where a loop that stops at a data-dependent
+    /// slot mispredicts whenever consecutive lookups' keys sit at different
+    /// distances from home (measured: hot-set lookups 0.56–0.88× hashbrown
+    /// depending on where the hot keys landed).
     #[inline(always)]
     pub(crate) fn lookup(&self, key: u64) -> *mut Header {
-        match self.probe(key) {
+        if key == 0 {
+            // Acquire: as below.
+            return self.zero.rec.load(Ordering::Acquire);
+        }
+        let i = self.hasher.hash(key) as usize & self.mask;
+        // SAFETY: both indices are masked, `<= mask < slots.len()`.
+        let (s0, s1) = unsafe {
+            (
+                self.slots.get_unchecked(i),
+                self.slots.get_unchecked((i + 1) & self.mask),
+            )
+        };
+        // Relaxed: keys are write-once and carry no data. Either load may
+        // see an older value than the other (a slot claimed later seen,
+        // an earlier one not yet): only a match is acted on before the
+        // empty check, and a key is never in the second slot unless the
+        // first was claimed before it.
+        let (k0, k1) = (
+            s0.key.load(Ordering::Relaxed),
+            s1.key.load(Ordering::Relaxed),
+        );
+        if (k0 == key) | (k1 == key) {
+            let slot = if k0 == key { s0 } else { s1 };
             // Acquire: pairs with the Release store that published the
             // record (`publish`); its contents are visible.
+            return slot.rec.load(Ordering::Acquire);
+        }
+        if (k0 == 0) | (k1 == 0) {
+            return ptr::null_mut();
+        }
+        match self.probe_from((i + 2) & self.mask, key) {
             Probe::Found(slot) => slot.rec.load(Ordering::Acquire),
             Probe::Absent => ptr::null_mut(),
         }
@@ -205,7 +241,13 @@ impl Table {
         if key == 0 {
             return Probe::Found(&self.zero);
         }
-        let mut i = self.hasher.hash(key) as usize & self.mask;
+        self.probe_from(self.hasher.hash(key) as usize & self.mask, key)
+    }
+
+    /// [`Table::probe`] from slot `i` of `key`'s probe sequence on (`key`
+    /// is not 0 and not in the slots before `i`).
+    #[inline(always)]
+    fn probe_from(&self, mut i: usize, key: u64) -> Probe<'_> {
         loop {
             // SAFETY: `i <= mask < slots.len()`.
             let slot = unsafe { self.slots.get_unchecked(i) };
