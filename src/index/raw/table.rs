@@ -220,7 +220,10 @@ impl Table {
             s0.key.load(Ordering::Relaxed),
             s1.key.load(Ordering::Relaxed),
         );
-        if (k0 == key) | (k1 == key) {
+        // `min(..) == 0` is "either matches" as one test: written as
+        // `(k0 == key) | (k1 == key)` the compiler emits two branches, the
+        // first of them data-dependent again.
+        if (k0 ^ key).min(k1 ^ key) == 0 {
             let slot = if k0 == key { s0 } else { s1 };
             // Acquire: pairs with the Release store that published the
             // record (`publish`); its contents are visible.
