@@ -1,0 +1,87 @@
+//! Deterministic per-lookup costs for `scripts/cachegrind-lookup.sh`:
+//! builds a 50,000-address index (fixed hash seed) and an unsynchronised
+//! `hashbrown::HashMap` on the same addresses, then runs one lookup stream
+//! (uniform, or hot: 90% of lookups on 64 addresses) through one of them.
+//! Under cachegrind the script runs each configuration twice, with and
+//! without the lookups, and divides the difference by the lookup count, so
+//! building the maps and the streams cancels out.
+//!
+//! `cargo run --release --example lookup_counts -- fprobe|hashbrown hot|uniform [skip]`
+
+use std::hint::black_box;
+
+use fprobe::{AddrIndex, rcu};
+
+/// Lookups per run.
+pub const LOOKUPS: usize = 2_000_000;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (imp, work) = match (args.first(), args.get(1)) {
+        (Some(i), Some(w)) => (i.as_str(), w.as_str()),
+        _ => {
+            eprintln!("usage: lookup_counts fprobe|hashbrown hot|uniform [skip]");
+            std::process::exit(2);
+        }
+    };
+    let skip = args.get(2).is_some_and(|s| s == "skip");
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    // Function-like addresses: 16-byte aligned, in one 4 GiB text range.
+    let keys: Vec<u64> = (0..50_000)
+        .map(|_| 0x5555_0000_0000 + (next() % (1 << 28)) * 16)
+        .collect();
+    let hot = &keys[..64];
+    let stream: Vec<u64> = (0..LOOKUPS)
+        .map(|_| {
+            if work == "hot" && next() % 10 != 0 {
+                hot[(next() % 64) as usize]
+            } else {
+                keys[(next() % keys.len() as u64) as usize]
+            }
+        })
+        .collect();
+    let sum = match imp {
+        "fprobe" => {
+            let index = AddrIndex::<u64>::builder()
+                .hash_seed(7)
+                .build()
+                .expect("valid");
+            index
+                .insert_many(keys.iter().map(|&k| (k, k)))
+                .expect("no limit");
+            fprobe_lookups(&index, if skip { &[] } else { &stream })
+        }
+        "hashbrown" => {
+            let mut map: hashbrown::HashMap<u64, Vec<u64>> = hashbrown::HashMap::new();
+            for &k in &keys {
+                map.entry(k).or_default().push(k);
+            }
+            hashbrown_lookups(&map, if skip { &[] } else { &stream })
+        }
+        other => panic!("unknown implementation {other}"),
+    };
+    black_box(sum);
+}
+
+#[inline(never)]
+fn fprobe_lookups(index: &AddrIndex<u64>, stream: &[u64]) -> u64 {
+    let guard = rcu::read_lock();
+    stream
+        .iter()
+        .map(|&a| index.get(a, &guard).iter().sum::<u64>())
+        .fold(0, u64::wrapping_add)
+}
+
+#[inline(never)]
+fn hashbrown_lookups(map: &hashbrown::HashMap<u64, Vec<u64>>, stream: &[u64]) -> u64 {
+    stream
+        .iter()
+        .map(|a| map.get(a).map_or(0, |v| v.iter().sum::<u64>()))
+        .fold(0, u64::wrapping_add)
+}
