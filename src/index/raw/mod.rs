@@ -169,7 +169,11 @@ pub(crate) struct RawIndex<V> {
     rehashes: AtomicU64,
     config: Config,
     /// The recent-hit cache, when configured; writers bump its generation.
-    pub(crate) cache: Option<crate::cache::HitCache>,
+    ///
+    /// Boxed: the lookup's test for "no cache" is then one null check of a
+    /// pointer (an inline `Option<HitCache>` was a two-branch test of a niche
+    /// tag on every uncached lookup).
+    pub(crate) cache: Option<Box<crate::cache::HitCache>>,
     _values: PhantomData<V>,
 }
 
@@ -295,7 +299,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             addrs: CachePadded(AtomicUsize::new(0)),
             resizes: AtomicU64::new(0),
             rehashes: AtomicU64::new(0),
-            cache: config.hit_cache.map(crate::cache::HitCache::new),
+            cache: config
+                .hit_cache
+                .map(|c| Box::new(crate::cache::HitCache::new(c))),
             config,
             _values: PhantomData,
         }
