@@ -324,8 +324,16 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     pub(crate) fn lookup_raw(&self, key: u64) -> *mut Header {
         match &self.cache {
             None => self.lookup_uncached(key),
-            Some(c) => c.lookup(key, || self.lookup_uncached(key)),
+            Some(c) => self.lookup_cached(c, key),
         }
+    }
+
+    /// [`RawIndex::lookup_raw`] through the hit cache. Out of line: inlined,
+    /// its code took registers from the uncached lookup around it (the key
+    /// and `self` were spilled to the stack on every lookup).
+    #[inline(never)]
+    fn lookup_cached(&self, c: &crate::cache::HitCache, key: u64) -> *mut Header {
+        c.lookup(key, || self.lookup_uncached(key))
     }
 
     /// The record of `key`, or null, from the tables. The caller holds a
