@@ -199,38 +199,43 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Which entry ids a bulk insert has handed out so far, to recognise an
-/// address repeated within the batch.
+/// What a bulk insert needs to recognise an address repeated within the
+/// batch.
 #[derive(Default)]
 struct BulkBatch {
-    /// Per lock hold: (stripe, first sequence number, end). Under one hold
-    /// every id the stripe hands out is the batch's.
-    holds: Vec<(usize, u64, u64)>,
+    /// Per stripe: its sequence number when the batch first took its lock
+    /// (`u64::MAX` before). An id of that stripe from there on is the
+    /// batch's, or a concurrent writer's added during the batch; treating
+    /// the latter as a repeat only defers a value, which is harmless.
+    start: Vec<u64>,
     /// Input positions of repeats, appended after the first pass.
     deferred: Vec<usize>,
     /// Addresses with a deferred value: every later value of theirs is
-    /// deferred too, which keeps input order even if a concurrent writer
-    /// removed one of the batch's (guessable) ids in between.
+    /// deferred too, so the values the first pass adds are a prefix of the
+    /// address's values in input order, whatever concurrent writers do.
     deferred_keys: std::collections::HashSet<u64>,
 }
 
 impl BulkBatch {
-    /// A lock hold of stripe `si` begins at sequence number `seq`.
-    fn hold(&mut self, si: usize, seq: u64) -> usize {
-        self.holds.push((si, seq, u64::MAX));
-        self.holds.len() - 1
+    fn new(stripes: usize) -> Self {
+        Self {
+            start: vec![u64::MAX; stripes],
+            ..Self::default()
+        }
     }
 
-    /// The hold ends; the stripe's next sequence number is `seq`.
-    fn release(&mut self, hold: usize, seq: u64) {
-        self.holds[hold].2 = seq;
+    /// The batch holds stripe `si`'s lock; its next sequence number is
+    /// `seq`.
+    fn hold(&mut self, si: usize, seq: u64) {
+        if self.start[si] == u64::MAX {
+            self.start[si] = seq;
+        }
     }
 
     /// Whether `key`, whose current record is `found` (under its stripe
-    /// lock), already holds a value of this batch, or has deferred ones.
-    /// `seq`: the stripe's next sequence number (bounds the hold in
-    /// progress).
-    fn repeats<V>(&mut self, key: u64, found: Option<&(&Slot, RecordPtr<V>)>, seq: u64) -> bool {
+    /// lock), may already hold a value of this batch, or has deferred ones.
+    /// O(values of the address).
+    fn repeats<V>(&mut self, key: u64, found: Option<&(&Slot, RecordPtr<V>)>) -> bool {
         if !self.deferred_keys.is_empty() && self.deferred_keys.contains(&key) {
             return true;
         }
@@ -238,21 +243,14 @@ impl BulkBatch {
             return false;
         };
         // SAFETY: the caller holds a read guard and the stripe lock.
-        let ours = unsafe { rec.ids() }.iter().any(|&id| {
-            let (si, s) = (
-                (id & ((1 << STRIPE_ID_BITS) - 1)) as usize,
-                id >> STRIPE_ID_BITS,
-            );
-            self.holds.iter().any(|&(h, lo, hi)| {
-                // The hold in progress ends at the stripe's next number.
-                let hi = if hi == u64::MAX { seq } else { hi };
-                h == si && (lo..hi).contains(&s)
-            })
+        let recent = unsafe { rec.ids() }.iter().any(|&id| {
+            let si = (id & ((1 << STRIPE_ID_BITS) - 1)) as usize;
+            id >> STRIPE_ID_BITS >= self.start[si]
         });
-        if ours {
+        if recent {
             self.deferred_keys.insert(key);
         }
-        ours
+        recent
     }
 }
 
@@ -734,7 +732,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // address's deferred values in one record copy (appending each on
         // its own would copy the record once per value: quadratic for many
         // values on one address).
-        let mut batch = BulkBatch::default();
+        let mut batch = BulkBatch::new(stripes);
         for si in 0..stripes {
             let mut j = bounds[si];
             while j < bounds[si + 1] {
@@ -744,7 +742,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 let stripe = &*self.stripes[si];
                 let guard = rcu::read_lock();
                 let mut st = lock(&stripe.lock);
-                let hold = batch.hold(si, st.next_seq);
+                batch.hold(si, st.next_seq);
                 // No future can be attached while we hold a stripe lock.
                 let table = self.newest();
                 let (mut claims, mut long_probe) = (0, false);
@@ -758,7 +756,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                     }
                     let p = order[j];
                     let found = self.locate(keys[p]);
-                    if batch.repeats(keys[p], found.as_ref(), st.next_seq) {
+                    if batch.repeats(keys[p], found.as_ref()) {
                         batch.deferred.push(p);
                         j += 1;
                         continue;
@@ -784,7 +782,6 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                         }
                     }
                 }
-                batch.release(hold, st.next_seq);
                 drop(st);
                 drop(guard);
                 if let Some(e) = self.after_bulk_run(claims, long_probe, stopped) {
