@@ -78,9 +78,10 @@ impl Default for Slot {
 /// dense or strided address sets (all in one 64 KiB range, all multiples of
 /// 4096) spread like random ones (`tests/index.rs` checks both).
 ///
-/// One multiply on the lookup's critical path: an earlier two-multiply
-/// version (a second fold by a constant) cost about a fifth of a lookup's
-/// time in a single-thread measurement, for no measurable gain in spread.
+/// One multiply on the lookup's critical path: an earlier version folded
+/// the product a second time by a constant, a second dependent multiply on
+/// every lookup, with no measurable gain in spread (the adversarial-set
+/// test passes with one).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Hasher {
     seed: u64,
@@ -192,18 +193,20 @@ impl Table {
     ///
     /// The first two slots of the probe sequence are compared together and
     /// the match picked without a branch: a key is in one of them nearly
-    /// always (at the loads the table keeps), so the one branch that
-    /// remains is predictable, where a loop that stops at a data-dependent
-    /// slot mispredicts whenever consecutive lookups' keys sit at different
-    /// distances from home (measured: hot-set lookups 0.56–0.88× hashbrown
-    /// depending on where the hot keys landed).
+    /// always (90–94% of keys at the loads the table keeps), so the one branch
+    /// that remains is predictable, where a loop that stops at a
+    /// data-dependent slot mispredicts whenever consecutive lookups' keys
+    /// sit at different distances from home. `scripts/cachegrind-lookup.sh`
+    /// counts 0.12 simulated mispredicts per lookup against 0.30–0.36 for
+    /// the loop; wall-clock runs on the project's VM were too noisy to show
+    /// the difference either way (BENCHMARKS.md).
     #[inline(always)]
     pub(crate) fn lookup(&self, key: u64) -> *mut Header {
         if key == 0 {
             // Acquire: as below.
             return self.zero.rec.load(Ordering::Acquire);
         }
-        let i = self.hasher.hash(key) as usize & self.mask;
+        let i = self.home(key);
         // SAFETY: both indices are masked, `<= mask < slots.len()`.
         let (s0, s1) = unsafe {
             (
@@ -238,13 +241,19 @@ impl Table {
         }
     }
 
+    /// The first slot of `key`'s probe sequence.
+    #[inline(always)]
+    fn home(&self, key: u64) -> usize {
+        self.hasher.hash(key) as usize & self.mask
+    }
+
     /// Finds `key`'s slot.
     #[inline(always)]
     pub(crate) fn probe(&self, key: u64) -> Probe<'_> {
         if key == 0 {
             return Probe::Found(&self.zero);
         }
-        self.probe_from(self.hasher.hash(key) as usize & self.mask, key)
+        self.probe_from(self.home(key), key)
     }
 
     /// [`Table::probe`] from slot `i` of `key`'s probe sequence on (`key`
@@ -271,7 +280,7 @@ impl Table {
     /// keys in advance). A hint only: nothing is read or written.
     #[inline(always)]
     pub(crate) fn prefetch(&self, key: u64) {
-        let i = self.hasher.hash(key) as usize & self.mask;
+        let i = self.home(key);
         let p = self.slots[i..].as_ptr();
         #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
         // SAFETY: prefetching is a hint that reads and writes nothing; any
@@ -330,7 +339,7 @@ impl Table {
         if key == 0 {
             return (&self.zero, 0, false);
         }
-        let mut i = self.hasher.hash(key) as usize & self.mask;
+        let mut i = self.home(key);
         let mut dist = 0;
         loop {
             // SAFETY: `i <= mask < slots.len()`.
@@ -391,7 +400,7 @@ impl Table {
         for (i, s) in self.slots.iter().enumerate() {
             let k = s.key.load(Ordering::Relaxed);
             if k != 0 {
-                let home = self.hasher.hash(k) as usize & self.mask;
+                let home = self.home(k);
                 let d = i.wrapping_sub(home) & self.mask;
                 longest = longest.max(d);
                 total += d;
