@@ -14,9 +14,12 @@
 //!   retiring thread outside any read-side critical section waits for the
 //!   reclaimer to catch up (back-pressure) instead of letting garbage grow.
 //!   Nothing waits for a manual flush: the reclaimer starts a grace period
-//!   at most [`COALESCE`] after the queue becomes non-empty, at once when
-//!   [`barrier`] or a back-pressured retirer waits, or when
-//!   [`COALESCE_MAX`] objects are queued.
+//!   at most [`COALESCE`] after the queue becomes non-empty, sooner when
+//!   [`barrier`] or a back-pressured retirer wakes it (a wake-up sent just
+//!   before the reclaimer starts waiting is missed, and it waits the full
+//!   [`COALESCE`]) or [`COALESCE_MAX`] objects are queued.
+//! * A panicking destructor is caught on the reclaimer thread, counted and
+//!   reported once on stderr; the reclaimer keeps going.
 //!
 //! # Coalescing
 //!
@@ -28,8 +31,6 @@
 //! everything retired meanwhile into one grace period, as the kernel's and
 //! liburcu's `call_rcu` do, bounding grace periods from the reclaimer to
 //! about 1,000 a second whatever the write rate.
-//! * A panicking destructor is caught on the reclaimer thread, counted and
-//!   reported once on stderr; the reclaimer keeps going.
 //!
 //! The state sits behind a pointer so that the child of a `fork` can start
 //! from a fresh one (the reclaimer thread does not survive `fork`); see
