@@ -208,8 +208,6 @@ struct BulkBatch {
     /// batch's, or a concurrent writer's added during the batch; treating
     /// the latter as a repeat only defers a value, which is harmless.
     start: Vec<u64>,
-    /// Input positions of repeats, appended after the first pass.
-    deferred: Vec<usize>,
     /// Addresses with a deferred value: every later value of theirs is
     /// deferred too, so the values the first pass adds are a prefix of the
     /// address's values in input order, whatever concurrent writers do.
@@ -733,6 +731,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // its own would copy the record once per value: quadratic for many
         // values on one address).
         let mut batch = BulkBatch::new(stripes);
+        // Input positions of repeats, appended after the first pass.
+        let mut deferred: Vec<usize> = Vec::new();
         for si in 0..stripes {
             let mut j = bounds[si];
             while j < bounds[si + 1] {
@@ -757,7 +757,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                     let p = order[j];
                     let found = self.locate(keys[p]);
                     if batch.repeats(keys[p], found.as_ref()) {
-                        batch.deferred.push(p);
+                        deferred.push(p);
                         j += 1;
                         continue;
                     }
@@ -791,7 +791,6 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         }
         // The deferred repeats, grouped by address (a stable sort keeps
         // input order within each address), one record copy per address.
-        let mut deferred = std::mem::take(&mut batch.deferred);
         deferred.sort_by_key(|&p| keys[p]);
         let mut j = 0;
         while j < deferred.len() {
