@@ -6,25 +6,23 @@
 //! without the lookups, and divides the difference by the lookup count, so
 //! building the maps and the streams cancels out.
 //!
-//! `cargo run --release --example lookup_counts -- fprobe|hashbrown hot|uniform [skip]`
+//! `cargo run --release --example lookup_counts -- fprobe|hashbrown hot|uniform LOOKUPS [skip]`
+//! (the script passes the lookup count it divides by).
 
 use std::hint::black_box;
 
 use fprobe::{AddrIndex, rcu};
 
-/// Lookups per run.
-pub const LOOKUPS: usize = 2_000_000;
-
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (imp, work) = match (args.first(), args.get(1)) {
-        (Some(i), Some(w)) => (i.as_str(), w.as_str()),
+    let (imp, work, lookups) = match (args.first(), args.get(1), args.get(2).map(|n| n.parse())) {
+        (Some(i), Some(w), Some(Ok(n))) => (i.as_str(), w.as_str(), n),
         _ => {
-            eprintln!("usage: lookup_counts fprobe|hashbrown hot|uniform [skip]");
+            eprintln!("usage: lookup_counts fprobe|hashbrown hot|uniform LOOKUPS [skip]");
             std::process::exit(2);
         }
     };
-    let skip = args.get(2).is_some_and(|s| s == "skip");
+    let skip = args.get(3).is_some_and(|s| s == "skip");
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     let mut next = move || {
         x ^= x << 13;
@@ -37,7 +35,7 @@ fn main() {
         .map(|_| 0x5555_0000_0000 + (next() % (1 << 28)) * 16)
         .collect();
     let hot = &keys[..64];
-    let stream: Vec<u64> = (0..LOOKUPS)
+    let stream: Vec<u64> = (0..lookups)
         .map(|_| {
             if work == "hot" && next() % 10 != 0 {
                 hot[(next() % 64) as usize]

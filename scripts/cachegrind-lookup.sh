@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "cachegrind-lookup: SKIPPED (valgrind not installed)"; exit 0; }
 cargo build --release --example lookup_counts >/dev/null 2>&1
 bin=${CARGO_TARGET_DIR:-target}/release/examples/lookup_counts
+lookups=2000000
 counts() { # counts ARGS... -> "instructions d1_misses mispredicts"
   valgrind --tool=cachegrind --cache-sim=yes --branch-sim=yes --cachegrind-out-file=/dev/null \
     "$bin" "$@" 2>&1 | awk '
@@ -18,12 +19,11 @@ counts() { # counts ARGS... -> "instructions d1_misses mispredicts"
       /Mispredicts:/ {gsub(",","",$3); m=$3}
       END {print i, d, m}'
 }
-lookups=2000000
 printf '| workload | implementation | instructions | L1d misses | branch mispredicts |\n|---|---|---:|---:|---:|\n'
 for work in hot uniform; do
   for imp in fprobe hashbrown; do
-    read -r i1 d1 m1 <<<"$(counts "$imp" "$work")"
-    read -r i0 d0 m0 <<<"$(counts "$imp" "$work" skip)"
+    read -r i1 d1 m1 <<<"$(counts "$imp" "$work" "$lookups")"
+    read -r i0 d0 m0 <<<"$(counts "$imp" "$work" "$lookups" skip)"
     awk -v w="$work" -v p="$imp" -v n="$lookups" -v i="$((i1 - i0))" -v d="$((d1 - d0))" -v m="$((m1 - m0))" \
       'BEGIN {printf "| %s | %s | %.1f | %.3f | %.3f |\n", w, p, i / n, d / n, m / n}'
   done
