@@ -18,13 +18,7 @@ cargo_asan() { cargo +nightly test -Zbuild-std --target "$san_target" "$@"; }
 status=0
 args=(); for t in "${tests[@]}"; do args+=(--test "$t"); done
 echo "== asan: building std and the tests with -Zsanitizer=address"
-if ! cargo_asan --no-run "${args[@]}" --test canary >"$san_dir.build.log" 2>&1; then
-  if grep -q "error\[E\|error: could not compile" "$san_dir.build.log"; then
-    echo "asan: build FAILED"; tail -30 "$san_dir.build.log"; exit 1
-  fi
-  echo "asan: SKIPPED (sanitizer build unavailable: $(grep -m1 -i error "$san_dir.build.log" | cut -c1-120))"
-  exit 0
-fi
+san_build asan cargo_asan --no-run "${args[@]}" --test canary
 for t in "${tests[@]}"; do
   echo "== asan: --test $t (FPROBE_STRESS_MS=$FPROBE_STRESS_MS)"
   cargo_asan --test "$t" || status=1

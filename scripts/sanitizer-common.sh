@@ -38,3 +38,19 @@ san_canary() {
     echo "$name canary: failed for another reason:"; tail -30 "$log"; return 1
   fi
 }
+
+# san_build NAME CMD...: builds the instrumented tests with CMD (output in
+# $san_dir.build.log). A compile error fails the script; any other failure
+# (the sanitizer toolchain unavailable) prints SKIPPED and the reason and
+# exits 0. Returns only when the build succeeded.
+san_build() {
+  local name=$1
+  shift
+  if ! "$@" >"$san_dir.build.log" 2>&1; then
+    if grep -q "error\[E\|error: could not compile" "$san_dir.build.log"; then
+      echo "$name: build FAILED"; tail -30 "$san_dir.build.log"; exit 1
+    fi
+    echo "$name: SKIPPED (sanitizer build unavailable: $(grep -m1 -i error "$san_dir.build.log" | cut -c1-120))"
+    exit 0
+  fi
+}

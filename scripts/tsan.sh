@@ -21,14 +21,7 @@ export FPROBE_STRESS_MS="${FPROBE_STRESS_MS:-1000}" PROPTEST_CASES="${PROPTEST_C
 cargo_tsan() { cargo +nightly test -Zbuild-std --target "$san_target" "$@"; }
 status=0
 echo "== tsan: building std and the tests with -Zsanitizer=thread"
-if ! cargo_tsan --no-run --test rcu --test index --test objpool --test retinst --test probe --test canary \
-    >"$san_dir.build.log" 2>&1; then
-  if grep -q "error\[E\|error: could not compile" "$san_dir.build.log"; then
-    echo "tsan: build FAILED"; tail -30 "$san_dir.build.log"; exit 1
-  fi
-  echo "tsan: SKIPPED (sanitizer build unavailable: $(grep -m1 -i error "$san_dir.build.log" | cut -c1-120))"
-  exit 0
-fi
+san_build tsan cargo_tsan --no-run --test rcu --test index --test objpool --test retinst --test probe --test canary
 # fork(2) from a multi-threaded process is outside what TSan supports (it
 # may hang or report in the child), so the fork test is skipped here.
 for t in rcu index objpool retinst probe; do
