@@ -20,7 +20,10 @@
 //!   hole (an empty slot never reappears). Tombstones are cleared only by
 //!   migrating to a new table.
 //! * **One slot per key per table.** Only holders of the key's stripe lock
-//!   claim a slot for it, after searching the whole probe sequence.
+//!   claim a slot for it, after searching the whole probe sequence. Writers
+//!   claim by CAS (writers on other stripes may race for the same empty
+//!   slot); a migration, which holds every stripe lock, claims by a plain
+//!   store ([`Table::claim_exclusive`]).
 //! * **At most one live slot per key across a chain of tables** (`root`,
 //!   `root.future`, …): migration writes the new slot before it marks the
 //!   old one `MOVED`, both under the key's stripe lock.
@@ -312,30 +315,61 @@ impl Table {
         self.claimed.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// [`Table::claim`] for a writer that holds a reservation
-    /// ([`Table::try_reserve`]): the reservation becomes the claim, or is
-    /// given back when no new slot was needed.
+    /// Finds or claims `key`'s slot, for a writer that holds `key`'s stripe
+    /// lock and a reservation ([`Table::try_reserve`]), and has checked that
+    /// `future` is null: the reservation becomes the claim, or is given back
+    /// when the slot existed.
+    ///
+    /// Returns the slot and the probe distance of a new claim (0 when the
+    /// slot existed).
     pub(crate) fn claim_reserved(&self, key: u64) -> (&Slot, usize) {
-        let (slot, dist, fresh) = self.claim_inner(key, false);
+        let (slot, dist, fresh) = self.claim_cas(key);
         if !fresh {
             self.unreserve();
         }
         (slot, dist)
     }
 
-    /// Finds or claims `key`'s slot. Caller holds `key`'s stripe lock and
-    /// has checked `future` is null and the table has room.
-    ///
-    /// Returns the slot and the probe distance of a new claim (0 when the
-    /// slot existed).
-    pub(crate) fn claim(&self, key: u64) -> (&Slot, usize) {
-        let (slot, dist, _) = self.claim_inner(key, true);
-        (slot, dist)
+    /// Finds or claims `key`'s slot with plain stores, for a migration: the
+    /// migrator holds every stripe lock, so no other writer claims in this
+    /// table meanwhile and the claim needs no CAS. The claim is not counted
+    /// here: the migrator adds its fresh claims with [`Table::add_claims`]
+    /// before it releases the locks, which is before any other writer can
+    /// read the count. Returns the slot and whether it is fresh.
+    pub(crate) fn claim_exclusive(&self, key: u64) -> (&Slot, bool) {
+        if key == 0 {
+            return (&self.zero, false);
+        }
+        let mut i = self.home(key);
+        let mut dist = 0;
+        loop {
+            // SAFETY: `i <= mask < slots.len()`.
+            let slot = unsafe { self.slots.get_unchecked(i) };
+            let k = slot.key.load(Ordering::Relaxed);
+            if k == key {
+                return (slot, false);
+            }
+            if k == 0 {
+                // Relaxed: as for the CAS in `claim_cas`. Readers may load
+                // the key concurrently; they see 0 or `key`, both valid.
+                slot.key.store(key, Ordering::Relaxed);
+                return (slot, true);
+            }
+            i = (i + 1) & self.mask;
+            dist += 1;
+            assert!(dist <= self.mask, "address index table full");
+        }
     }
 
-    /// `claim`; `count`: whether a fresh slot adds to `claimed` (not when
-    /// a reservation already did). Also returns whether the slot is fresh.
-    fn claim_inner(&self, key: u64, count: bool) -> (&Slot, usize, bool) {
+    /// Counts `n` claims made with [`Table::claim_exclusive`].
+    pub(crate) fn add_claims(&self, n: usize) {
+        self.claimed.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Finds or claims `key`'s slot by CAS; uncounted (the caller's
+    /// reservation counted it). Also returns the probe distance and whether
+    /// the slot is fresh.
+    fn claim_cas(&self, key: u64) -> (&Slot, usize, bool) {
         if key == 0 {
             return (&self.zero, 0, false);
         }
@@ -357,12 +391,7 @@ impl Table {
                     .key
                     .compare_exchange(0, key, Ordering::Relaxed, Ordering::Relaxed)
                 {
-                    Ok(_) => {
-                        if count {
-                            self.claimed.fetch_add(1, Ordering::Relaxed);
-                        }
-                        return (slot, dist, true);
-                    }
+                    Ok(_) => return (slot, dist, true),
                     Err(other) if other == key => unreachable!("key claimed twice"),
                     Err(_) => {}
                 }
@@ -498,7 +527,7 @@ mod loom_tests {
                 stripe: Mutex::new(()),
             });
             let r1 = rec(1);
-            let (slot, _) = t.old.claim(KEY);
+            let (slot, _) = t.old.claim_exclusive(KEY);
             slot.rec.store(r1, Ordering::Release);
             // Attach (single-threaded here, as under every stripe lock).
             let new_ptr = &*t.new as *const Table as *mut Table;
@@ -514,7 +543,7 @@ mod loom_tests {
                 );
                 let r = slot.rec.load(Ordering::Acquire);
                 if is_live(r) {
-                    let (ns, _) = m.new.claim(KEY);
+                    let (ns, _) = m.new.claim_exclusive(KEY);
                     ns.rec.store(r, Ordering::Release);
                     slot.rec.store(moved(), Ordering::Release);
                 }
