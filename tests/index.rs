@@ -93,6 +93,59 @@ fn max_addresses_is_enforced_and_hands_values_back() {
     assert_eq!(index.len_addrs(), 3);
 }
 
+/// Every way an address loses its last value gives its place under the
+/// limit back (the limit keeps its own count; the per-stripe counts are
+/// checked through `len_addrs`).
+#[test]
+fn max_addresses_counts_every_removal() {
+    let index = AddrIndex::builder().max_addresses(2).build().unwrap();
+    let a = index.insert(10, 'a').unwrap();
+    let a2 = index.insert(10, 'A').unwrap();
+    let b = index.insert(20, 'b').unwrap();
+    assert!(index.insert(30, 'c').is_err());
+    // Removing one of two values keeps the address.
+    index.remove(10, a).unwrap();
+    assert!(index.insert(30, 'c').is_err());
+    index.remove(10, a2).unwrap();
+    assert_eq!(index.len_addrs(), 1);
+    let c = index.insert(30, 'c').unwrap();
+    assert!(index.insert(40, 'd').is_err());
+    assert_eq!(index.take(20, b), Ok('b'));
+    index.insert(40, 'd').unwrap();
+    assert!(index.insert(50, 'e').is_err());
+    assert_eq!(index.remove_addr(40), 1);
+    index.insert(50, 'e').unwrap();
+    assert!(index.insert(60, 'f').is_err());
+    index.clear();
+    assert_eq!(index.len_addrs(), 0);
+    index.insert(60, 'f').unwrap();
+    index.insert(70, 'g').unwrap();
+    assert!(index.insert(80, 'h').is_err());
+    assert_eq!(index.len_addrs(), 2);
+    assert_eq!(index.remove(30, c), Err(Error::NotFound));
+}
+
+/// Growth doubles the table each time: 64 slots to 131,072 for 50,000
+/// addresses is 11 resizes, whatever the stripe count (a table sized on
+/// the live count alone while writers held unspent claim credits grew to
+/// the same size first, 23 resizes).
+#[test]
+#[cfg_attr(miri, ignore = "50k inserts are too slow under miri")]
+fn growth_from_empty_doubles_each_time() {
+    for stripes in [1, 8, 64] {
+        let index = AddrIndex::builder().stripes(stripes).build().unwrap();
+        for a in 1..=50_000u64 {
+            index.insert(a * 64, a).unwrap();
+        }
+        let s = index.stats();
+        assert_eq!(
+            (s.capacity, s.resizes),
+            (131_072, 11),
+            "{stripes} stripes: {s:?}"
+        );
+    }
+}
+
 #[test]
 fn insert_many_is_all_or_nothing() {
     let index = AddrIndex::builder().max_addresses(100).build().unwrap();

@@ -22,6 +22,16 @@
 //! new key, claims a slot in the newest table. The old record is retired to
 //! the RCU (dropped after a grace period).
 //!
+//! Writers on different stripes share no counter: the counts of values,
+//! live addresses and record bytes are per stripe, kept under the stripe
+//! lock (the index-wide counts are their sums), and a stripe reserves slot
+//! claims in the newest table several at a time (claim credits,
+//! `insert_group_located`). Two threads registering one by one had been
+//! 2.5× slower in total than one thread, mostly on a claim count and an
+//! address count that every insert wrote (BENCHMARKS.md). The exception is
+//! `max_addresses`: a limit needs one count that a check-and-add updates
+//! atomically, so an index with a limit keeps one.
+//!
 //! # Resize
 //!
 //! Under the `resize` mutex (lock order: `resize`, then stripes in
@@ -115,29 +125,45 @@ pub(crate) fn capacity_presized(addrs: usize, min: usize) -> usize {
         .expect("index capacity overflow")
 }
 
+/// One writer stripe. Its counters are the index's counts (summed over
+/// stripes): writers keep them under the stripe lock they hold anyway, so
+/// concurrent writers share no counter's cache line.
 struct Stripe {
     lock: Mutex<StripeState>,
     /// Values whose address maps to this stripe. Stored under `lock`.
     values: AtomicUsize,
+    /// Live addresses (with at least one value) of this stripe. Stored
+    /// under `lock`.
+    addrs: AtomicUsize,
     /// Bytes of the records of this stripe. Stored under `lock`.
     record_bytes: AtomicUsize,
 }
 
 struct StripeState {
     next_seq: u64,
+    /// Claims this stripe has reserved in the newest table and not used yet
+    /// (see "Claim credits" in `Table::try_reserve`'s caller,
+    /// `insert_group_located`). Zeroed, under every stripe lock, whenever
+    /// the newest table changes (`attach`, `clear`), so credits always
+    /// belong to the newest table.
+    credits: usize,
 }
 
 impl Stripe {
     /// Adjusts the stripe's counters. Caller holds `lock` (the only writer),
     /// so a load and a store suffice; readers of `len()` may see either
     /// value.
-    fn account(&self, values: isize, record_bytes: isize) {
-        let v = self.values.load(Ordering::Relaxed);
-        self.values
-            .store(v.wrapping_add_signed(values), Ordering::Relaxed);
-        let b = self.record_bytes.load(Ordering::Relaxed);
-        self.record_bytes
-            .store(b.wrapping_add_signed(record_bytes), Ordering::Relaxed);
+    fn account(&self, values: isize, addrs: isize, record_bytes: isize) {
+        for (counter, delta) in [
+            (&self.values, values),
+            (&self.addrs, addrs),
+            (&self.record_bytes, record_bytes),
+        ] {
+            if delta != 0 {
+                let v = counter.load(Ordering::Relaxed);
+                counter.store(v.wrapping_add_signed(delta), Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -169,8 +195,11 @@ pub(crate) struct RawIndex<V> {
     stripes: Box<[CachePadded<Stripe>]>,
     stripe_mask: usize,
     resize: Mutex<ResizeState>,
-    /// Live addresses (with at least one value).
-    addrs: CachePadded<AtomicUsize>,
+    /// Live addresses, counted here only when `max_addresses` is set: the
+    /// limit needs one count that a check-and-add can update atomically.
+    /// Without a limit the per-stripe counts are the only count, and
+    /// writers on different stripes share no counter.
+    limited_addrs: CachePadded<AtomicUsize>,
     resizes: AtomicU64,
     rehashes: AtomicU64,
     config: Config,
@@ -286,8 +315,12 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             stripes: (0..stripes)
                 .map(|_| {
                     CachePadded(Stripe {
-                        lock: Mutex::new(StripeState { next_seq: 1 }),
+                        lock: Mutex::new(StripeState {
+                            next_seq: 1,
+                            credits: 0,
+                        }),
                         values: AtomicUsize::new(0),
+                        addrs: AtomicUsize::new(0),
                         record_bytes: AtomicUsize::new(0),
                     })
                 })
@@ -298,7 +331,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 budget: MIGRATE_CHUNK,
                 generation: 1,
             }),
-            addrs: CachePadded(AtomicUsize::new(0)),
+            limited_addrs: CachePadded(AtomicUsize::new(0)),
             resizes: AtomicU64::new(0),
             rehashes: AtomicU64::new(0),
             cache: config
@@ -440,21 +473,37 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         unsafe { rcu::retire_raw(rec.into_raw().cast(), drop_record::<V>) }
     }
 
-    /// Reserves one more live address against `max_addresses`.
+    /// Reserves one more live address against `max_addresses` (nothing to
+    /// do without a limit: the stripe's count is kept by `account`).
     fn reserve_addr(&self) -> Result<(), Error> {
         match self.config.max_addresses {
-            None => {
-                self.addrs.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
+            None => Ok(()),
             Some(max) => self
-                .addrs
+                .limited_addrs
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| {
                     (a < max).then_some(a + 1)
                 })
                 .map(|_| ())
                 .map_err(|_| Error::CapacityExceeded { max_addresses: max }),
         }
+    }
+
+    /// An address lost its last value: gives back its `max_addresses`
+    /// reservation.
+    fn release_addr(&self) {
+        if self.config.max_addresses.is_some() {
+            self.limited_addrs.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Live addresses: the sum of the stripes' counts. Exact under every
+    /// stripe lock; otherwise each stripe's count is read at a different
+    /// moment.
+    fn live_addrs(&self) -> usize {
+        self.stripes
+            .iter()
+            .map(|s| s.addrs.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Inserts one value. On error the value comes back.
@@ -546,7 +595,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             );
             st.next_seq += n as u64;
             Self::publish(slot, new.into_raw());
-            stripe.account(n as isize, new.bytes() as isize - old.bytes() as isize);
+            stripe.account(n as isize, 0, new.bytes() as isize - old.bytes() as isize);
             self.bump();
             Self::retire_record(old);
             return Ok(Some(Group {
@@ -556,31 +605,41 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             }));
         }
         let table = self.newest();
-        // While `table` is being migrated into, the migration still has to
-        // claim a slot there for every live key left in the older tables:
-        // keep room for them (`addrs` counts them, and more: conservative).
-        // Without it, claims made before any migration step ran (a bulk
-        // insert's stripe run, or writers on several stripes at once) could
-        // fill the table and leave the migration no slot (found by the
-        // index_concurrent fuzz target: "address index table full").
-        let migrating = !ptr::eq(table, self.root.load(Ordering::Acquire));
-        let pending = if migrating {
-            self.addrs.load(Ordering::Relaxed)
-        } else {
-            0
-        };
-        if !table.try_reserve(pending, FORCE_AT) {
-            return Ok(None);
+        // Claim credits: a stripe reserves claims in the newest table a
+        // batch at a time (`credit_batch`) and spends them under its lock,
+        // so most claims touch no shared counter; a reservation of one per
+        // claim made the table's count a line every writer wrote. Unspent
+        // credits count as claimed: the table grows at most
+        // `capacity / 64` claims early, and never holds more real claims
+        // than its count.
+        if st.credits == 0 {
+            // While `table` is being migrated into, the migration still has
+            // to claim a slot there for every live key left in the older
+            // tables: keep room for them (the live addresses count them,
+            // and more: conservative). Without it, claims made before any
+            // migration step ran (a bulk insert's stripe run, or writers on
+            // several stripes at once) could fill the table and leave the
+            // migration no slot (found by the index_concurrent fuzz target:
+            // "address index table full").
+            let migrating = !ptr::eq(table, self.root.load(Ordering::Acquire));
+            let pending = if migrating { self.live_addrs() } else { 0 };
+            let batch = self.credit_batch(table);
+            if table.try_reserve(batch, pending, FORCE_AT) {
+                st.credits = batch;
+            } else if batch > 1 && table.try_reserve(1, pending, FORCE_AT) {
+                st.credits = 1;
+            } else {
+                return Ok(None);
+            }
         }
-        if let Err(e) = self.reserve_addr() {
-            table.unreserve();
-            return Err(e);
-        }
-        let (slot, dist) = table.claim_reserved(key);
+        self.reserve_addr()?;
+        let (slot, dist, fresh) = table.claim(key);
+        // A slot that already held the key (a tombstone) costs no credit.
+        st.credits -= usize::from(fresh);
         let new = RecordPtr::<V>::build(n, (0..n).map(|i| (ids(i), next())));
         st.next_seq += n as u64;
         Self::publish(slot, new.into_raw());
-        stripe.account(n as isize, new.bytes() as isize);
+        stripe.account(n as isize, 1, new.bytes() as isize);
         self.bump();
         Ok(Some(Group {
             first,
@@ -611,7 +670,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let left = old.len() - gone;
         let new_bytes = if left == 0 {
             Self::publish(slot, ptr::null_mut());
-            self.addrs.fetch_sub(1, Ordering::Relaxed);
+            self.release_addr();
             0
         } else {
             let new = RecordPtr::<V>::build(
@@ -626,7 +685,11 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             Self::publish(slot, new.into_raw());
             new.bytes()
         };
-        stripe.account(-(gone as isize), new_bytes as isize - old.bytes() as isize);
+        stripe.account(
+            -(gone as isize),
+            -isize::from(left == 0),
+            new_bytes as isize - old.bytes() as isize,
+        );
         drop(st);
         self.bump();
         Ok(old)
@@ -663,9 +726,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             return 0;
         };
         Self::publish(slot, ptr::null_mut());
-        self.addrs.fetch_sub(1, Ordering::Relaxed);
+        self.release_addr();
         let n = old.len();
-        stripe.account(-(n as isize), -(old.bytes() as isize));
+        stripe.account(-(n as isize), -1, -(old.bytes() as isize));
         drop(st);
         drop(guard);
         self.bump();
@@ -696,7 +759,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 .filter(|&&k| self.lookup_raw(k).is_null())
                 .count();
             drop(guard);
-            if self.addrs.load(Ordering::Relaxed) + new_keys > max {
+            if self.limited_addrs.load(Ordering::Relaxed) + new_keys > max {
                 let values = keys
                     .into_iter()
                     .zip(vals.into_iter().map(Option::unwrap))
@@ -927,7 +990,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     fn after_write(&self, claims: usize) {
         let _guard = rcu::read_lock();
         // A first look without the lock: most writes have nothing to do.
-        if !self.resize_work() {
+        if !self.resize_work(claims) {
             return;
         }
         let st = if claims > 0 {
@@ -945,10 +1008,18 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             self.migrate(&mut st, budget);
             return;
         }
-        let addrs = self.addrs.load(Ordering::Relaxed);
+        let addrs = self.live_addrs();
         if !root.has_room(0, GROW_AT) {
-            self.attach(&mut st, capacity_for(addrs, self.config.min_capacity));
-        } else if self.should_shrink(root) {
+            // `unspent`: the table's count includes claim credits not yet
+            // spent, so at the growth threshold the live addresses may be
+            // that many short of it; sized on the live count alone, the
+            // "grown" table would be the same size (and grow again soon).
+            let unspent = self.unspent_credits_bound(root);
+            self.attach(
+                &mut st,
+                capacity_for(addrs + unspent, self.config.min_capacity),
+            );
+        } else if claims == 0 && self.should_shrink(root) {
             // To at most 1/4 load: far enough from the growth threshold that
             // a few inserts do not grow it straight back.
             let cap = capacity_for(addrs.saturating_mul(2), self.config.min_capacity);
@@ -960,19 +1031,22 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
 
     /// Whether a resize step is due: a migration to help, or a table to
     /// grow or shrink. Caller holds a read guard.
-    fn resize_work(&self) -> bool {
+    fn resize_work(&self, claims: usize) -> bool {
         // SAFETY: root is live under the caller's guard.
         let root = unsafe { &*self.root.load(Ordering::Acquire) };
         !root.future.load(Ordering::Acquire).is_null()
             || !root.has_room(0, GROW_AT)
-            || self.should_shrink(root)
+            || (claims == 0 && self.should_shrink(root))
     }
 
-    /// Shrink below 1/8 load (never below `min_capacity`).
+    /// Shrink below 1/8 load (never below `min_capacity`). Sums the
+    /// stripes' address counts when `auto_shrink` is on, so it is asked
+    /// only after writes that claimed no slot (a claim cannot make a table
+    /// too sparse).
     fn should_shrink(&self, root: &Table) -> bool {
         self.config.auto_shrink
             && root.capacity() > self.config.min_capacity
-            && self.addrs.load(Ordering::Relaxed) * 8 < root.capacity()
+            && self.live_addrs() * 8 < root.capacity()
     }
 
     fn request_rehash(&self) {
@@ -982,8 +1056,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             let root = unsafe { &*self.root.load(Ordering::Acquire) };
             if root.future.load(Ordering::Acquire).is_null() {
                 let cap =
-                    capacity_for(self.addrs.load(Ordering::Relaxed), self.config.min_capacity)
-                        .max(root.capacity());
+                    capacity_for(self.live_addrs(), self.config.min_capacity).max(root.capacity());
                 self.rehashes.fetch_add(1, Ordering::Relaxed);
                 self.attach(&mut st, cap);
             }
@@ -1001,7 +1074,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // SAFETY: root is live under the guard.
         let root = unsafe { &*self.root.load(Ordering::Acquire) };
         if !root.has_room(extra, GROW_AT) {
-            let need = self.addrs.load(Ordering::Relaxed) + extra;
+            let need = self.live_addrs() + extra + self.unspent_credits_bound(root);
             let cap = if tight {
                 capacity_presized(need, self.config.min_capacity)
             } else {
@@ -1071,7 +1144,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             let new = Table::new(capacity, seed);
             let stripes: Vec<_> = self.stripes.iter().map(|s| lock(&s.lock)).collect();
             // Exact under every stripe lock: writers change it under theirs.
-            let live = self.addrs.load(Ordering::Relaxed);
+            let live = self.live_addrs();
             let need = capacity_for(live, self.config.min_capacity);
             if need <= capacity {
                 break (Box::into_raw(new), stripes);
@@ -1087,7 +1160,12 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // held, so no writer is between reading `future` and claiming.
         root.future.store(new, Ordering::Release);
         st.cursor = 0;
-        drop(stripes);
+        // Credits belong to the newest table, which is now `new`; those
+        // left unspent stay counted in the old table, which takes no more
+        // claims.
+        for mut s in stripes {
+            s.credits = 0;
+        }
         self.resizes.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -1152,6 +1230,23 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         }
     }
 
+    /// Claims a stripe reserves at a time in `table` (at least 1): small
+    /// enough that all stripes' unspent credits together stay under 1/64 of
+    /// the table, at most 16.
+    fn credit_batch(&self, table: &Table) -> usize {
+        (table.capacity() / (64 * self.stripes.len())).clamp(1, 16)
+    }
+
+    /// About the most claim credits reserved in `table` and not spent: a
+    /// batch per stripe, which is at most 1/64 of the table when batches
+    /// are larger than 1. Batches of 1 are spent by the insert that
+    /// reserves them (unless the key's slot existed), so the bound is also
+    /// capped at 1/64 of the table rather than a credit per stripe, which
+    /// would size a small table for a machine's stripe count.
+    fn unspent_credits_bound(&self, table: &Table) -> usize {
+        (self.credit_batch(table) * self.stripes.len()).min(table.capacity() / 64)
+    }
+
     /// Most slots one migration run covers while holding every stripe
     /// lock: `4 × MIGRATE_CHUNK` (a step's whole budget, in the usual case
     /// of growth by 2), or 4 slots per stripe when there are more stripes
@@ -1173,13 +1268,15 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // AcqRel: Release publishes the fresh table; Acquire makes the old
         // chain ours to retire.
         let old = self.root.swap(fresh, Ordering::AcqRel);
-        self.addrs.store(0, Ordering::Relaxed);
-        for s in self.stripes.iter() {
+        self.limited_addrs.store(0, Ordering::Relaxed);
+        for (s, mut st) in self.stripes.iter().zip(stripes) {
             s.values.store(0, Ordering::Relaxed);
+            s.addrs.store(0, Ordering::Relaxed);
             s.record_bytes.store(0, Ordering::Relaxed);
+            // Credits belong to the newest table, which is now `fresh`.
+            st.credits = 0;
         }
         st.cursor = 0;
-        drop(stripes);
         drop(st);
         self.bump();
         // SAFETY: the chain is unlinked and no writer can reach it (we held
@@ -1197,7 +1294,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     }
 
     pub(crate) fn len_addrs(&self) -> usize {
-        self.addrs.load(Ordering::Relaxed)
+        self.live_addrs()
     }
 
     pub(crate) fn stats(&self) -> RawStats {
@@ -1215,13 +1312,13 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             t = table.future.load(Ordering::Acquire);
         }
         let newest = newest.expect("root is never null");
-        let (longest_probe, total_probe) = newest.scan_probes();
+        let (claimed, longest_probe, total_probe) = newest.scan_probes();
         RawStats {
             capacity: newest.capacity(),
             tables,
             addrs: self.len_addrs(),
             values: self.len(),
-            claimed: newest.claimed(),
+            claimed,
             longest_probe,
             total_probe,
             resizes: self.resizes.load(Ordering::Relaxed),

@@ -36,7 +36,10 @@
 //!   claim is *reserved* first ([`Table::try_reserve`]): the check against
 //!   90% and the count are one atomic step, because writers on different
 //!   stripes claim concurrently (checking first and counting at the claim
-//!   let two of them pass the same check and fill a small table). The
+//!   let two of them pass the same check and fill a small table). Writers
+//!   reserve a few claims at a time for their stripe (claim credits, see
+//!   `insert_group_located`), so `claimed` counts every claim made and
+//!   some not made yet: it is never below the real count. The
 //!   reservation also keeps room for the claims a migration into the table
 //!   still has to make, so the migration's own claims never find it full.
 //!
@@ -314,80 +317,28 @@ impl Table {
         let _ = p;
     }
 
-    /// Reserves one claim for a writer if, counting it and `pending` more
-    /// claims still to come (a migration into this table), the table stays
-    /// within `num/den` claimed. Check and count are one atomic step, so
-    /// writers that claim concurrently under different stripe locks cannot
-    /// together overshoot. Follow with [`Table::claim_reserved`].
-    pub(crate) fn try_reserve(&self, pending: usize, (num, den): (usize, usize)) -> bool {
+    /// Reserves `n` claims for a writer if, counting them and `pending`
+    /// more claims still to come (a migration into this table), the table
+    /// stays within `num/den` claimed. Check and count are one atomic step,
+    /// so writers that reserve concurrently under different stripe locks
+    /// cannot together overshoot. Reservations are spent by [`Table::claim`].
+    pub(crate) fn try_reserve(&self, n: usize, pending: usize, (num, den): (usize, usize)) -> bool {
         let limit = self.capacity() * num;
         self.claimed
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
-                ((c + 1 + pending) * den <= limit).then_some(c + 1)
+                ((c + n + pending) * den <= limit).then_some(c + n)
             })
             .is_ok()
     }
 
-    /// Gives back a reservation that will not be used.
-    pub(crate) fn unreserve(&self) {
-        self.claimed.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// Finds or claims `key`'s slot, for a writer that holds `key`'s stripe
-    /// lock and a reservation ([`Table::try_reserve`]), and has checked that
-    /// `future` is null: the reservation becomes the claim, or is given back
-    /// when the slot existed.
+    /// Finds or claims `key`'s slot by CAS, for a writer that holds `key`'s
+    /// stripe lock and an unspent reservation ([`Table::try_reserve`]), and
+    /// has checked that `future` is null. Uncounted: the reservation
+    /// counted it.
     ///
-    /// Returns the slot and the probe distance of a new claim (0 when the
-    /// slot existed).
-    pub(crate) fn claim_reserved(&self, key: u64) -> (&Slot, usize) {
-        let (slot, dist, fresh) = self.claim_cas(key);
-        if !fresh {
-            self.unreserve();
-        }
-        (slot, dist)
-    }
-
-    /// Finds or claims `key`'s slot with plain stores, for a migration: the
-    /// migrator holds every stripe lock, so no other writer claims in this
-    /// table meanwhile and the claim needs no CAS. The claim is not counted
-    /// here: the migrator adds its fresh claims with [`Table::add_claims`]
-    /// before it releases the locks, which is before any other writer can
-    /// read the count. Returns the slot and whether it is fresh.
-    pub(crate) fn claim_exclusive(&self, key: u64) -> (&Slot, bool) {
-        if key == 0 {
-            return (&self.zero, false);
-        }
-        let mut i = self.home(key);
-        let mut dist = 0;
-        loop {
-            // SAFETY: `i <= mask < slots.len()`.
-            let slot = unsafe { self.slots.get_unchecked(i) };
-            let k = slot.key.load(Ordering::Relaxed);
-            if k == key {
-                return (slot, false);
-            }
-            if k == 0 {
-                // Relaxed: as for the CAS in `claim_cas`. Readers may load
-                // the key concurrently; they see 0 or `key`, both valid.
-                slot.key.store(key, Ordering::Relaxed);
-                return (slot, true);
-            }
-            i = (i + 1) & self.mask;
-            dist += 1;
-            assert!(dist <= self.mask, "address index table full");
-        }
-    }
-
-    /// Counts `n` claims made with [`Table::claim_exclusive`].
-    pub(crate) fn add_claims(&self, n: usize) {
-        self.claimed.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Finds or claims `key`'s slot by CAS; uncounted (the caller's
-    /// reservation counted it). Also returns the probe distance and whether
-    /// the slot is fresh.
-    fn claim_cas(&self, key: u64) -> (&Slot, usize, bool) {
+    /// Returns the slot, the probe distance of a new claim (0 when the slot
+    /// existed) and whether the slot is fresh (the reservation is spent).
+    pub(crate) fn claim(&self, key: u64) -> (&Slot, usize, bool) {
         if key == 0 {
             return (&self.zero, 0, false);
         }
@@ -422,6 +373,42 @@ impl Table {
         }
     }
 
+    /// Finds or claims `key`'s slot with plain stores, for a migration: the
+    /// migrator holds every stripe lock, so no other writer claims in this
+    /// table meanwhile and the claim needs no CAS. The claim is not counted
+    /// here: the migrator adds its fresh claims with [`Table::add_claims`]
+    /// before it releases the locks, which is before any other writer can
+    /// read the count. Returns the slot and whether it is fresh.
+    pub(crate) fn claim_exclusive(&self, key: u64) -> (&Slot, bool) {
+        if key == 0 {
+            return (&self.zero, false);
+        }
+        let mut i = self.home(key);
+        let mut dist = 0;
+        loop {
+            // SAFETY: `i <= mask < slots.len()`.
+            let slot = unsafe { self.slots.get_unchecked(i) };
+            let k = slot.key.load(Ordering::Relaxed);
+            if k == key {
+                return (slot, false);
+            }
+            if k == 0 {
+                // Relaxed: as for the CAS in `claim`. Readers may load
+                // the key concurrently; they see 0 or `key`, both valid.
+                slot.key.store(key, Ordering::Relaxed);
+                return (slot, true);
+            }
+            i = (i + 1) & self.mask;
+            dist += 1;
+            assert!(dist <= self.mask, "address index table full");
+        }
+    }
+
+    /// Counts `n` claims made with [`Table::claim_exclusive`].
+    pub(crate) fn add_claims(&self, n: usize) {
+        self.claimed.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Every slot including key 0's, with its key.
     pub(crate) fn slots(&self) -> impl Iterator<Item = (u64, &Slot)> {
         self.slots
@@ -440,20 +427,23 @@ impl Table {
         }
     }
 
-    /// Longest and total distance of the table's keys from their home
-    /// slots (a full scan; statistics only).
-    pub(crate) fn scan_probes(&self) -> (usize, usize) {
-        let (mut longest, mut total) = (0, 0);
+    /// Claimed slots (keys set), and the longest and total distance of
+    /// their keys from their home slots (a full scan; statistics only).
+    /// Exact where `claimed` is not: that count includes reservations that
+    /// writers have not spent.
+    pub(crate) fn scan_probes(&self) -> (usize, usize, usize) {
+        let (mut claimed, mut longest, mut total) = (0, 0, 0);
         for (i, s) in self.slots.iter().enumerate() {
             let k = s.key.load(Ordering::Relaxed);
             if k != 0 {
                 let home = self.home(k);
                 let d = i.wrapping_sub(home) & self.mask;
+                claimed += 1;
                 longest = longest.max(d);
                 total += d;
             }
         }
-        (longest, total)
+        (claimed, longest, total)
     }
 
     /// Bytes of the table itself.
