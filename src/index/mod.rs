@@ -11,7 +11,9 @@
 //! open-addressing table of `{address, record pointer}` slots, four per
 //! cache line, finds it: a cold lookup costs two dependent cache misses (the
 //! slot's line and the record), where rhltable pays one per chained
-//! duplicate. The hash is one seeded multiply (a fresh seed per table), and
+//! duplicate. The hash is a seeded folded multiply and one more multiply (a
+//! fresh seed and multiplier per table; one fold alone clustered strided
+//! address sets for some seeds), and
 //! a lookup compares the first two slots of its probe sequence together,
 //! picking the match without a branch, so a key's distance from its home
 //! slot (0 or 1 for nearly all keys) does not cost a misprediction; a
@@ -23,8 +25,9 @@
 //! reads are everything.
 //!
 //! Writers serialise per *stripe* (a mutex per key-hash stripe, each on its
-//! own cache lines, at least four stripes per CPU), so registrations from
-//! several threads proceed in parallel. A resize attaches a new table
+//! own cache lines, at least four stripes per CPU), and keep the index's
+//! counts per stripe, so registrations from several threads proceed in
+//! parallel without sharing a counter. A resize attaches a new table
 //! (fresh seed) behind the old one and migrates slots a chunk at a time from
 //! later writes; readers follow the chain. The algorithm and its invariants
 //! are documented in the (private) `raw` module.
@@ -360,7 +363,8 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
         self.raw.len()
     }
 
-    /// Number of addresses with at least one value.
+    /// Number of addresses with at least one value. Sums per-stripe
+    /// counters, with the same guarantee as [`len`](Self::len).
     pub fn len_addrs(&self) -> usize {
         self.raw.len_addrs()
     }
