@@ -178,7 +178,8 @@ struct ResizeState {
     /// Next slot of `root` to migrate, while `root.future` is set.
     cursor: usize,
     /// Slots to migrate per write during this migration:
-    /// `MIGRATE_CHUNK × ⌈old capacity / new capacity⌉`. Every claim in the
+    /// `MIGRATE_CHUNK × ⌈old capacity / new capacity⌉ + 1`, and at least 4
+    /// per stripe (see `attach`). Every claim in the
     /// new table pays one step, so the migration ends before the new table
     /// can fill (see `attach`).
     budget: usize,
@@ -1119,7 +1120,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// the new table full, found by the `index_concurrent` fuzz target); so
     /// the count is read again under every stripe lock, where it is exact,
     /// and a table that is too small is replaced before it is attached.
-    /// Each claim in it migrates `budget` = `MIGRATE_CHUNK × ⌈old / new⌉`
+    /// Each claim in it migrates `budget` ≥ `MIGRATE_CHUNK × ⌈old / new⌉`
     /// old slots, so the migration ends after at most `new / MIGRATE_CHUNK`
     /// claims; writers' claims also reserve room for the keys still to
     /// migrate (`insert_group_locked`), so the migration always finds room.
@@ -1152,7 +1153,12 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             drop(stripes);
             capacity = need;
         };
-        st.budget = MIGRATE_CHUNK * old_cap.div_ceil(capacity).max(1) + 1;
+        // At least 4 slots per stripe: a step takes every stripe lock
+        // (`migrate`), and on machines with more stripes than
+        // `MIGRATE_CHUNK / 4` a 257-slot step would take more lock
+        // operations than it moves keys.
+        st.budget =
+            (MIGRATE_CHUNK * old_cap.div_ceil(capacity).max(1) + 1).max(4 * self.stripes.len());
         // SAFETY: root is live (caller's guard).
         let root = unsafe { &*self.root.load(Ordering::Acquire) };
         // Release: pairs with the Acquire loads of `future` by readers and
@@ -1163,8 +1169,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // Credits belong to the newest table, which is now `new`; those
         // left unspent stay counted in the old table, which takes no more
         // claims.
-        for mut s in stripes {
-            s.credits = 0;
+        // Each stripe's lock is released as soon as its credits are reset.
+        for mut stripe_state in stripes {
+            stripe_state.credits = 0;
         }
         self.resizes.fetch_add(1, Ordering::Relaxed);
     }
@@ -1248,10 +1255,12 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     }
 
     /// Most slots one migration run covers while holding every stripe
-    /// lock: `4 × MIGRATE_CHUNK` (a step's whole budget, in the usual case
-    /// of growth by 2), or 4 slots per stripe when there are more stripes
-    /// than that covers cheaply (taking the locks then costs at most one
-    /// lock operation per 2 slots).
+    /// lock: `4 × MIGRATE_CHUNK`, or 4 slots per stripe when there are more
+    /// than 256 stripes. Either covers a whole step of a grow by
+    /// 2 (`budget`: 257 slots, and at least 4 per stripe), so a step takes
+    /// the locks once, at most one lock operation per 2 slots; the cap
+    /// bounds how long writers wait when a forced resize or a bulk insert's
+    /// many claims migrate far more.
     fn migrate_run(&self) -> usize {
         (MIGRATE_CHUNK * 4).max(self.stripes.len() * 4)
     }
@@ -1269,12 +1278,14 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // chain ours to retire.
         let old = self.root.swap(fresh, Ordering::AcqRel);
         self.limited_addrs.store(0, Ordering::Relaxed);
-        for (s, mut st) in self.stripes.iter().zip(stripes) {
+        // Each stripe's lock is released as soon as its counters and
+        // credits are reset (writers then find `fresh` as the newest table).
+        for (s, mut stripe_state) in self.stripes.iter().zip(stripes) {
             s.values.store(0, Ordering::Relaxed);
             s.addrs.store(0, Ordering::Relaxed);
             s.record_bytes.store(0, Ordering::Relaxed);
             // Credits belong to the newest table, which is now `fresh`.
-            st.credits = 0;
+            stripe_state.credits = 0;
         }
         st.cursor = 0;
         drop(st);

@@ -339,6 +339,23 @@ impl Table {
     /// Returns the slot, the probe distance of a new claim (0 when the slot
     /// existed) and whether the slot is fresh (the reservation is spent).
     pub(crate) fn claim(&self, key: u64) -> (&Slot, usize, bool) {
+        self.claim_inner(key, false)
+    }
+
+    /// Finds or claims `key`'s slot with plain stores, for a migration: the
+    /// migrator holds every stripe lock, so no other writer claims in this
+    /// table meanwhile and the claim needs no CAS. The claim is not counted
+    /// here: the migrator adds its fresh claims with [`Table::add_claims`]
+    /// before it releases the locks, which is before any other writer can
+    /// read the count. Returns the slot and whether it is fresh.
+    pub(crate) fn claim_exclusive(&self, key: u64) -> (&Slot, bool) {
+        let (slot, _, fresh) = self.claim_inner(key, true);
+        (slot, fresh)
+    }
+
+    /// [`Table::claim`], or with `exclusive` [`Table::claim_exclusive`].
+    #[inline(always)]
+    fn claim_inner(&self, key: u64, exclusive: bool) -> (&Slot, usize, bool) {
         if key == 0 {
             return (&self.zero, 0, false);
         }
@@ -353,9 +370,16 @@ impl Table {
             }
             if k == 0 {
                 // Relaxed suffices: the key carries no data (the record is
-                // published with Release later), and other claimers only
-                // need the CAS's atomicity. Losing means another key took
-                // the slot; keep probing.
+                // published with Release later); readers may load the key
+                // concurrently and see 0 or `key`, both valid.
+                if exclusive {
+                    // No other claimer runs (the caller holds every stripe
+                    // lock).
+                    slot.key.store(key, Ordering::Relaxed);
+                    return (slot, dist, true);
+                }
+                // Other claimers only need the CAS's atomicity. Losing
+                // means another key took the slot; keep probing.
                 match slot
                     .key
                     .compare_exchange(0, key, Ordering::Relaxed, Ordering::Relaxed)
@@ -369,37 +393,6 @@ impl Table {
             dist += 1;
             // Unreachable while the load bounds hold (module docs); a panic
             // beats spinning forever if they were ever broken.
-            assert!(dist <= self.mask, "address index table full");
-        }
-    }
-
-    /// Finds or claims `key`'s slot with plain stores, for a migration: the
-    /// migrator holds every stripe lock, so no other writer claims in this
-    /// table meanwhile and the claim needs no CAS. The claim is not counted
-    /// here: the migrator adds its fresh claims with [`Table::add_claims`]
-    /// before it releases the locks, which is before any other writer can
-    /// read the count. Returns the slot and whether it is fresh.
-    pub(crate) fn claim_exclusive(&self, key: u64) -> (&Slot, bool) {
-        if key == 0 {
-            return (&self.zero, false);
-        }
-        let mut i = self.home(key);
-        let mut dist = 0;
-        loop {
-            // SAFETY: `i <= mask < slots.len()`.
-            let slot = unsafe { self.slots.get_unchecked(i) };
-            let k = slot.key.load(Ordering::Relaxed);
-            if k == key {
-                return (slot, false);
-            }
-            if k == 0 {
-                // Relaxed: as for the CAS in `claim`. Readers may load
-                // the key concurrently; they see 0 or `key`, both valid.
-                slot.key.store(key, Ordering::Relaxed);
-                return (slot, true);
-            }
-            i = (i + 1) & self.mask;
-            dist += 1;
             assert!(dist <= self.mask, "address index table full");
         }
     }
