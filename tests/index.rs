@@ -396,8 +396,9 @@ fn resizes_grow_and_shrink() {
 /// Adversarial layouts must probe like random keys: all multiples of 4096,
 /// every word of one 64 KiB range, and a strided set, against pseudo-random
 /// addresses of the same count. Checked for 24 fixed seeds and one random
-/// one: a hash that is bad for a few seeds in ten fails here every time
-/// (a one-round folded multiply failed the strided set for 9% of seeds).
+/// one, so a hash that is bad for some seeds fails deterministically: a
+/// one-round folded multiply, bad for the strided set with 9% of seeds,
+/// fails here on every run.
 #[test]
 #[cfg_attr(miri, ignore = "50k-address tables are too slow under miri")]
 fn adversarial_address_sets_hash_well() {

@@ -497,14 +497,25 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         }
     }
 
-    /// Live addresses: the sum of the stripes' counts. Exact under every
+    /// Live addresses: the sum of the stripes' counts.
+    fn live_addrs(&self) -> usize {
+        self.stripe_sum(|s| &s.addrs)
+    }
+
+    /// The sum over stripes of one of their counters. Exact under every
     /// stripe lock; otherwise each stripe's count is read at a different
     /// moment.
-    fn live_addrs(&self) -> usize {
+    fn stripe_sum(&self, counter: impl Fn(&Stripe) -> &AtomicUsize) -> usize {
         self.stripes
             .iter()
-            .map(|s| s.addrs.load(Ordering::Relaxed))
+            .map(|s| counter(s).load(Ordering::Relaxed))
             .sum()
+    }
+
+    /// Takes every stripe lock, in ascending order (the lock order: after
+    /// `resize`, if held).
+    fn lock_all_stripes(&self) -> Vec<MutexGuard<'_, StripeState>> {
+        self.stripes.iter().map(|s| lock(&s.lock)).collect()
     }
 
     /// Inserts one value. On error the value comes back.
@@ -1143,7 +1154,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let mut capacity = capacity.max(old_cap / 64);
         let (new, stripes) = loop {
             let new = Table::new(capacity, seed);
-            let stripes: Vec<_> = self.stripes.iter().map(|s| lock(&s.lock)).collect();
+            let stripes = self.lock_all_stripes();
             // Exact under every stripe lock: writers change it under theirs.
             let live = self.live_addrs();
             let need = capacity_for(live, self.config.min_capacity);
@@ -1193,15 +1204,16 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // Every stripe lock is taken once per run of slots, not each moved
         // key's own lock once per key: a step of 257 slots moves up to about
         // 130 keys (tables grow at half claimed), two lock operations each
-        // one by one, 16 in all with 8 stripes. With every lock held no writer claims meanwhile, so the
-        // new slots are claimed and counted without atomic read-modify-
-        // writes. A run is capped at `migrate_run()` slots, so writers wait
-        // a bounded time even when a forced resize migrates a whole table.
+        // one by one, 16 in all with 8 stripes. With every lock held no
+        // writer claims meanwhile, so the new slots are claimed and counted
+        // without atomic read-modify-writes. A run is capped at
+        // `migrate_run()` slots, so writers wait a bounded time even when a
+        // forced resize migrates a whole table.
         let run = self.migrate_run();
         let mut i = st.cursor;
         while i < end {
             let run_end = end.min(i.saturating_add(run));
-            let stripes: Vec<_> = self.stripes.iter().map(|s| lock(&s.lock)).collect();
+            let stripes = self.lock_all_stripes();
             let mut fresh = 0;
             for j in i..run_end {
                 let (key, slot) = old.slot_at(j);
@@ -1273,7 +1285,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             table_seed(self.config.seed, st.generation),
         ));
         st.generation += 1;
-        let stripes: Vec<_> = self.stripes.iter().map(|s| lock(&s.lock)).collect();
+        let stripes = self.lock_all_stripes();
         // AcqRel: Release publishes the fresh table; Acquire makes the old
         // chain ours to retire.
         let old = self.root.swap(fresh, Ordering::AcqRel);
@@ -1298,10 +1310,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     // ---------------------------------------------------------------- stats
 
     pub(crate) fn len(&self) -> usize {
-        self.stripes
-            .iter()
-            .map(|s| s.values.load(Ordering::Relaxed))
-            .sum()
+        self.stripe_sum(|s| &s.values)
     }
 
     pub(crate) fn len_addrs(&self) -> usize {
@@ -1335,11 +1344,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             resizes: self.resizes.load(Ordering::Relaxed),
             rehashes: self.rehashes.load(Ordering::Relaxed),
             table_bytes,
-            record_bytes: self
-                .stripes
-                .iter()
-                .map(|s| s.record_bytes.load(Ordering::Relaxed))
-                .sum(),
+            record_bytes: self.stripe_sum(|s| &s.record_bytes),
         }
     }
 
