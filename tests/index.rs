@@ -146,6 +146,40 @@ fn growth_from_empty_doubles_each_time() {
     }
 }
 
+/// A writer that keeps adding new addresses and removing old ones fills the
+/// table with tombstones; each table that replaces it must take at least
+/// `live / 2` new claims before it is replaced in turn, so the migrations
+/// cost at most about 2 moved keys per new address. 15,000 live keys is
+/// the case the 50%-load sizing got worst: 32,768 slots, room for 1,384
+/// claims, 72 tables for 100,000 new addresses instead of at most 14.
+#[test]
+#[cfg_attr(miri, ignore = "115k inserts are too slow under miri")]
+fn tombstone_churn_resizes_are_amortised() {
+    const LIVE: u64 = 15_000;
+    const NEW: u64 = 100_000;
+    let index = AddrIndex::builder().stripes(4).build().unwrap();
+    let mut live = std::collections::VecDeque::new();
+    for a in 1..=LIVE {
+        live.push_back((a * 16, index.insert(a * 16, a).unwrap()));
+    }
+    let before = index.stats().resizes;
+    for a in LIVE + 1..=LIVE + NEW {
+        live.push_back((a * 16, index.insert(a * 16, a).unwrap()));
+        let (old, id) = live.pop_front().unwrap();
+        index.remove(old, id).unwrap();
+    }
+    let s = index.stats();
+    assert_eq!(s.addresses, LIVE as usize);
+    let bound = NEW / (LIVE / 2) + 1;
+    assert!(
+        s.resizes - before <= bound,
+        "{} tables for {NEW} new addresses at {LIVE} live (bound {bound}): {s:?}",
+        s.resizes - before
+    );
+    // Never more than twice what 50% load needs.
+    assert!(s.capacity <= 65_536, "{s:?}");
+}
+
 /// Migration with many stripes (a step takes every stripe lock, and its
 /// budget grows to 4 slots per stripe) under writers on every stripe:
 /// nothing lost, nothing kept that was removed, counts exact.
