@@ -1186,12 +1186,14 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             drop(stripes);
             capacity = need;
         };
-        // At least 4 slots per stripe: a step takes every stripe lock
-        // (`migrate`), and on machines with more stripes than
-        // `MIGRATE_CHUNK / 4` a 257-slot step would take more lock
+        // `+ 2`: the old table's extra slot and key 0's slot, so the whole
+        // old table (`old_cap + 2` positions) is covered by `new / 256`
+        // claims. At least 4 slots per stripe: a step takes every stripe
+        // lock (`migrate`), and on machines with more stripes than
+        // `MIGRATE_CHUNK / 4` a 258-slot step would take more lock
         // operations than it moves keys.
         st.budget =
-            (MIGRATE_CHUNK * old_cap.div_ceil(capacity).max(1) + 1).max(4 * self.stripes.len());
+            (MIGRATE_CHUNK * old_cap.div_ceil(capacity).max(1) + 2).max(4 * self.stripes.len());
         // SAFETY: root is live (caller's guard).
         let root = unsafe { &*self.root.load(Ordering::Acquire) };
         // Release: pairs with the Acquire loads of `future` by readers and
@@ -1221,10 +1223,10 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         }
         // SAFETY: the future is live as long as the root is.
         let new = unsafe { &*new_ptr };
-        let last = old.capacity(); // inclusive: key 0's slot
+        let last = old.slot_count(); // inclusive: key 0's slot
         let end = st.cursor.saturating_add(budget).min(last + 1);
         // Every stripe lock is taken once per run of slots, not each moved
-        // key's own lock once per key: a step of 257 slots moves up to about
+        // key's own lock once per key: a step of 258 slots moves up to about
         // 130 keys (tables grow at half claimed), two lock operations each
         // one by one, 16 in all with 8 stripes. With every lock held no
         // writer claims meanwhile, so the new slots are claimed and counted
@@ -1291,7 +1293,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// Most slots one migration run covers while holding every stripe
     /// lock: `4 × MIGRATE_CHUNK`, or 4 slots per stripe when there are more
     /// than 256 stripes. Either covers a whole step of a grow by
-    /// 2 (`budget`: 257 slots, and at least 4 per stripe), so a step takes
+    /// 2 (`budget`: 258 slots, and at least 4 per stripe), so a step takes
     /// the locks once, at most one lock operation per 2 slots; the cap
     /// bounds how long writers wait when a forced resize or a bulk insert's
     /// many claims migrate far more.
@@ -1454,14 +1456,14 @@ impl<V> RawIter<V> {
             }
             // SAFETY: the caller's guard keeps the chain allocated.
             let table = unsafe { &*self.table };
-            if self.next > table.capacity() {
+            if self.next > table.slot_count() {
                 self.table = table.future.load(Ordering::Acquire);
                 self.next = 0;
                 continue;
             }
             let (key, slot) = table.slot_at(self.next);
             self.next += 1;
-            if key == 0 && self.next <= table.capacity() {
+            if key == 0 && self.next <= table.slot_count() {
                 continue;
             }
             let rec = slot.rec.load(Ordering::Acquire);

@@ -156,10 +156,16 @@ pub(crate) const GROW_AT: (usize, usize) = (1, 2);
 pub(crate) const FORCE_AT: (usize, usize) = (9, 10);
 
 pub(crate) struct Table {
-    /// Invariant: `slots.len() == mask + 1`, a power of two.
+    /// `capacity + 1` slots. Homes are `0..capacity` (a power of two); the
+    /// last slot is nobody's home, only the step after slot `capacity - 1`
+    /// before a probe sequence wraps to 0. With it, the second slot of every
+    /// probe sequence is the next one in memory, so the lookup's fast path
+    /// reads `slots[i]` and `slots[i + 1]` with no wrap-around (two loads off
+    /// one index, see [`Table::lookup`]).
     slots: Box<[Slot]>,
-    mask: usize,
-    /// `64 - log2(slots.len())`: a hash's top bits are its home slot.
+    /// `capacity`: the index of the extra slot, where a probe wraps to 0.
+    last: usize,
+    /// `64 - log2(capacity)`: a hash's top bits are its home slot.
     shift: u32,
     hasher: Hasher,
     /// The slot of key 0.
@@ -185,8 +191,8 @@ impl Table {
         // At least 2 slots: `shift` stays below 64.
         assert!(capacity.is_power_of_two() && capacity >= 2);
         Box::new(Self {
-            slots: zeroed_slots(capacity),
-            mask: capacity - 1,
+            slots: zeroed_slots(capacity + 1),
+            last: capacity,
             shift: 64 - capacity.trailing_zeros(),
             hasher: Hasher::new(seed),
             zero: Slot::default(),
@@ -197,7 +203,13 @@ impl Table {
 
     #[inline(always)]
     pub(crate) fn capacity(&self) -> usize {
-        self.mask + 1
+        self.last
+    }
+
+    /// The slot after `i` in a probe sequence.
+    #[inline(always)]
+    fn next(&self, i: usize) -> usize {
+        if i == self.last { 0 } else { i + 1 }
     }
 
     pub(crate) fn claimed(&self) -> usize {
@@ -213,8 +225,10 @@ impl Table {
     /// without values, `MOVED`, or live. Lock-free, wait-free in the
     /// absence of writers, no stores.
     ///
-    /// The first two slots of the probe sequence are compared together and
-    /// the match picked without a branch: a key is in one of them nearly
+    /// The first two slots of the probe sequence (adjacent in memory: the
+    /// extra slot after the last home means the pair never wraps) are
+    /// compared together and the match picked without a branch: a key is in
+    /// one of them nearly
     /// always (90–94% of keys at the loads the table keeps), so the one branch
     /// that remains is predictable, where a loop that stops at a
     /// data-dependent slot mispredicts whenever consecutive lookups' keys
@@ -229,12 +243,12 @@ impl Table {
             return self.zero.rec.load(Ordering::Acquire);
         }
         let i = self.home(key);
-        // SAFETY: both indices are masked, `<= mask < slots.len()`.
+        // SAFETY: `i < capacity`, so `i + 1 <= capacity < slots.len()`: both
+        // slots are in the table. (Both from one pointer, so the compiler
+        // addresses the second at `+16` rather than from a second index.)
         let (s0, s1) = unsafe {
-            (
-                self.slots.get_unchecked(i),
-                self.slots.get_unchecked((i + 1) & self.mask),
-            )
+            let p = self.slots.as_ptr().add(i);
+            (&*p, &*p.add(1))
         };
         // Relaxed: keys are write-once and carry no data. Either load may
         // see an older value than the other (a slot claimed later seen,
@@ -257,7 +271,7 @@ impl Table {
         if (k0 == 0) | (k1 == 0) {
             return ptr::null_mut();
         }
-        match self.probe_from((i + 2) & self.mask, key) {
+        match self.probe_from(self.next(i + 1), key) {
             Probe::Found(slot) => slot.rec.load(Ordering::Acquire),
             Probe::Absent => ptr::null_mut(),
         }
@@ -285,7 +299,7 @@ impl Table {
     #[inline(always)]
     fn probe_from(&self, mut i: usize, key: u64) -> Probe<'_> {
         loop {
-            // SAFETY: `i <= mask < slots.len()`.
+            // SAFETY: `i <= last < slots.len()`.
             let slot = unsafe { self.slots.get_unchecked(i) };
             // Relaxed: keys are write-once and carry no data; the record is
             // read with Acquire.
@@ -296,7 +310,7 @@ impl Table {
             if k == 0 {
                 return Probe::Absent;
             }
-            i = (i + 1) & self.mask;
+            i = self.next(i);
         }
     }
 
@@ -362,7 +376,7 @@ impl Table {
         let mut i = self.home(key);
         let mut dist = 0;
         loop {
-            // SAFETY: `i <= mask < slots.len()`.
+            // SAFETY: `i <= last < slots.len()`.
             let slot = unsafe { self.slots.get_unchecked(i) };
             let k = slot.key.load(Ordering::Relaxed);
             if k == key {
@@ -389,11 +403,11 @@ impl Table {
                     Err(_) => {}
                 }
             }
-            i = (i + 1) & self.mask;
+            i = self.next(i);
             dist += 1;
             // Unreachable while the load bounds hold (module docs); a panic
             // beats spinning forever if they were ever broken.
-            assert!(dist <= self.mask, "address index table full");
+            assert!(dist <= self.last, "address index table full");
         }
     }
 
@@ -410,9 +424,16 @@ impl Table {
             .chain(std::iter::once((0, &self.zero)))
     }
 
-    /// Slot `i` for migration, `i` in `0..=capacity` (the last is key 0's).
+    /// Slots in the table, the extra one included, not key 0's:
+    /// `capacity + 1`.
+    pub(crate) fn slot_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Slot `i` for migration, `i` in `0..=slot_count()` (the last is key
+    /// 0's).
     pub(crate) fn slot_at(&self, i: usize) -> (u64, &Slot) {
-        if i == self.capacity() {
+        if i == self.slots.len() {
             (0, &self.zero)
         } else {
             let s = &self.slots[i];
@@ -430,7 +451,13 @@ impl Table {
             let k = s.key.load(Ordering::Relaxed);
             if k != 0 {
                 let home = self.home(k);
-                let d = i.wrapping_sub(home) & self.mask;
+                // Distance along the probe sequence, which wraps after
+                // the extra slot (`slots.len()` positions in all).
+                let d = if i >= home {
+                    i - home
+                } else {
+                    i + self.slots.len() - home
+                };
                 claimed += 1;
                 longest = longest.max(d);
                 total += d;
@@ -538,7 +565,7 @@ mod loom_tests {
             let migrator = loom::thread::spawn(move || {
                 let _g = m.stripe.lock().unwrap();
                 let (_, slot) = m.old.slot_at(
-                    (0..m.old.capacity())
+                    (0..m.old.slot_count())
                         .find(|&i| m.old.slot_at(i).0 == KEY)
                         .unwrap(),
                 );
@@ -577,5 +604,47 @@ mod loom_tests {
             let after = unsafe { lookup_chain(&*t.old, KEY) };
             assert!(is_live(after));
         });
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// Keys of `t` whose home slot is `home`, from a simple counter.
+    fn keys_with_home(t: &Table, home: usize, n: usize) -> Vec<u64> {
+        (1u64..).filter(|&k| t.home(k) == home).take(n).collect()
+    }
+
+    /// A probe sequence that starts at the last home slot runs through the
+    /// extra slot and wraps to slot 0; lookups, claims and the statistics
+    /// scan agree on it.
+    #[test]
+    fn probe_sequences_wrap_through_the_extra_slot() {
+        let t = Table::new(8, 0x5eed);
+        assert_eq!(t.slot_count(), 9);
+        let last_home = keys_with_home(&t, 7, 3);
+        let zero_home = keys_with_home(&t, 0, 1)[0];
+        let rec = |n: usize| ptr::without_provenance_mut::<Header>(8 * n); // never read
+        for (n, &k) in last_home.iter().chain([&zero_home]).enumerate() {
+            let (slot, dist, fresh) = t.claim(k);
+            assert!(fresh);
+            // Homes 7, 7, 7, 0: slots 7, 8 (the extra one), 0, then 1.
+            assert_eq!(dist, [0, 1, 2, 1][n], "key {n}");
+            slot.rec.store(rec(n + 1), Ordering::Release);
+        }
+        for (n, &k) in last_home.iter().chain([&zero_home]).enumerate() {
+            assert_eq!(t.lookup(k), rec(n + 1), "key {n}");
+        }
+        let (_, k8) = t.slot_at(8);
+        assert_eq!(k8.key.load(Ordering::Relaxed), last_home[1]);
+        let (_, k0) = t.slot_at(0);
+        assert_eq!(k0.key.load(Ordering::Relaxed), last_home[2]);
+        // A key that is absent, homed at 7, probes 7, 8, 0, 1, 2 (empty).
+        let absent = keys_with_home(&t, 7, 4)[3];
+        assert!(t.lookup(absent).is_null());
+        assert_eq!(t.scan_probes(), (4, 2, 4));
+        // Key 0's slot comes after every table slot.
+        assert!(std::ptr::eq(t.slot_at(9).1, &t.zero));
     }
 }
