@@ -262,11 +262,19 @@ impl Table {
         // `min(..) == 0` is "either matches" as one test: written as
         // `(k0 == key) | (k1 == key)` the compiler emits two branches, the
         // first of them data-dependent again.
+        // Both record pointers are loaded before the match is known: they
+        // share the keys' cache line(s), so neither costs a miss, and the
+        // pick is a conditional move on loaded values rather than a third
+        // dependent load after the compare. The one not picked belongs to
+        // another key (or none) and is ignored.
+        // Acquire: pairs with the Release store that published the record
+        // (`publish`); its contents are visible.
+        let (r0, r1) = (
+            s0.rec.load(Ordering::Acquire),
+            s1.rec.load(Ordering::Acquire),
+        );
         if (k0 ^ key).min(k1 ^ key) == 0 {
-            let slot = if k0 == key { s0 } else { s1 };
-            // Acquire: pairs with the Release store that published the
-            // record (`publish`); its contents are visible.
-            return slot.rec.load(Ordering::Acquire);
+            return if k0 == key { r0 } else { r1 };
         }
         if (k0 == 0) | (k1 == 0) {
             return ptr::null_mut();
