@@ -77,7 +77,7 @@ pub(crate) mod record;
 pub(crate) mod table;
 
 use std::marker::PhantomData;
-use std::ptr;
+use std::ptr::{self, NonNull};
 
 use record::{Header, RecordPtr, drop_record};
 use table::{FORCE_AT, GROW_AT, LONG_PROBE, Probe, Slot, Table, is_live, moved};
@@ -414,12 +414,21 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// The caller holds a read guard for `'g`, and `self` outlives `'g`.
     #[inline(always)]
     pub(crate) unsafe fn get<'g>(&self, key: u64) -> &'g [V] {
-        let rec = self.lookup_raw(key);
-        if rec.is_null() {
-            return &[];
+        // The values of a live record; called only with one (both arms).
+        let values = |rec: NonNull<Header>| {
+            // SAFETY: a live record of `V`s, kept alive by the caller's
+            // guard.
+            unsafe { RecordPtr::<V>::from_raw(rec.as_ptr()).values() }
+        };
+        match &self.cache {
+            None => {
+                // Acquire: as in `lookup_uncached`.
+                let root = self.root.load(Ordering::Acquire);
+                // SAFETY: as in `lookup_uncached`.
+                unsafe { table::lookup_chain_then(root, key, values, || &[]) }
+            }
+            Some(c) => NonNull::new(self.lookup_cached(c, key)).map_or(&[], values),
         }
-        // SAFETY: a live record of `V`s, kept alive by the caller's guard.
-        unsafe { RecordPtr::<V>::from_raw(rec).values() }
     }
 
     /// Values and ids of `key`.

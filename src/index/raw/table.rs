@@ -45,7 +45,7 @@
 //!
 //! Key 0 cannot live in a slot (0 marks empty); it has a dedicated slot.
 
-use std::ptr;
+use std::ptr::{self, NonNull};
 
 use super::record::Header;
 use crate::sync::{AtomicPtr, AtomicU64, AtomicUsize, CachePadded, Ordering};
@@ -488,19 +488,39 @@ impl Table {
 /// `t` and every table reachable through `future` stay allocated for the
 /// duration of the call (the caller holds an RCU read guard).
 #[inline(always)]
-pub(crate) unsafe fn lookup_chain(mut t: *const Table, key: u64) -> *mut Header {
+pub(crate) unsafe fn lookup_chain(t: *const Table, key: u64) -> *mut Header {
+    // SAFETY: caller contract.
+    unsafe { lookup_chain_then(t, key, NonNull::as_ptr, ptr::null_mut) }
+}
+
+/// [`lookup_chain`] that hands a live record to `found` and calls `absent`
+/// otherwise: a caller that turns the record into something else (the
+/// values' slice) does so on the found path alone, without testing the
+/// returned pointer for null again.
+///
+/// # Safety
+///
+/// As for [`lookup_chain`].
+#[inline(always)]
+pub(crate) unsafe fn lookup_chain_then<R>(
+    mut t: *const Table,
+    key: u64,
+    found: impl FnOnce(NonNull<Header>) -> R,
+    absent: impl FnOnce() -> R,
+) -> R {
     loop {
         // SAFETY: caller contract.
         let table = unsafe { &*t };
         let rec = table.lookup(key);
         if is_live(rec) {
-            return rec;
+            // SAFETY: live records are not null.
+            return found(unsafe { NonNull::new_unchecked(rec) });
         }
         // Acquire: pairs with the Release store of `future` in `attach`;
         // the new table's fields and claims are visible.
         t = table.future.load(Ordering::Acquire);
         if t.is_null() {
-            return ptr::null_mut();
+            return absent();
         }
     }
 }
