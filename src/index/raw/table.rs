@@ -226,16 +226,17 @@ impl Table {
     /// absence of writers, no stores.
     ///
     /// The first two slots of the probe sequence (adjacent in memory: the
-    /// extra slot after the last home means the pair never wraps) are
-    /// compared together and the match picked without a branch: a key is in
-    /// one of them nearly
-    /// always (90–94% of keys at the loads the table keeps), so the one branch
-    /// that remains is predictable, where a loop that stops at a
-    /// data-dependent slot mispredicts whenever consecutive lookups' keys
-    /// sit at different distances from home. `scripts/cachegrind-lookup.sh`
-    /// counts 0.12 simulated mispredicts per lookup against 0.30–0.36 for
-    /// the loop; wall-clock runs on the project's VM were too noisy to show
-    /// the difference either way (BENCHMARKS.md).
+    /// extra slot after the last home means the pair never wraps) are read
+    /// together, keys and record pointers, and the match is picked with
+    /// conditional moves: a key is in one of them nearly always (90–94% of
+    /// keys at the loads the table keeps), so the one branch that remains is
+    /// predictable. A loop that stops at a data-dependent slot mispredicts
+    /// whenever consecutive lookups' keys sit at different distances from
+    /// home: `scripts/cachegrind-lookup.sh` counts 0.12 simulated
+    /// mispredicts per lookup against 0.30–0.36 for the loop, and an
+    /// interleaved A/B of `if k0 == key { .. } else if k1 == key { .. }`
+    /// (which the compiler turns into two branches) ran 0.62–0.71× as fast
+    /// at 1,000 uniform addresses (BENCHMARKS.md).
     #[inline(always)]
     pub(crate) fn lookup(&self, key: u64) -> *mut Header {
         if key == 0 {
@@ -259,9 +260,6 @@ impl Table {
             s0.key.load(Ordering::Relaxed),
             s1.key.load(Ordering::Relaxed),
         );
-        // `min(..) == 0` is "either matches" as one test: written as
-        // `(k0 == key) | (k1 == key)` the compiler emits two branches, the
-        // first of them data-dependent again.
         // Both record pointers are loaded before the match is known: they
         // share the keys' cache line(s), so neither costs a miss, and the
         // pick is a conditional move on loaded values rather than a third
@@ -273,8 +271,22 @@ impl Table {
             s0.rec.load(Ordering::Acquire),
             s1.rec.load(Ordering::Acquire),
         );
-        if (k0 ^ key).min(k1 ^ key) == 0 {
-            return if k0 == key { r0 } else { r1 };
+        // `d0`, `d1` are 0 where the key matches. One compare picks the
+        // smaller difference and its record (two conditional moves); the
+        // picked difference is 0 exactly when either key matches, and then
+        // the picked record is the matching slot's. Picking on `d0 <= d1`
+        // rather than on `k0 == key` matters: with that condition (and the
+        // picked key compared to `key`) rustc 1.95 turns the pick into a
+        // data-dependent branch again; this form compiles to `cmp`, two
+        // `cmov`s and one predictable branch (checked in the disassembly;
+        // `std::hint::select_unpredictable` would say it outright, but needs
+        // Rust 1.88 and the crate supports 1.85).
+        let (d0, d1) = (k0 ^ key, k1 ^ key);
+        let first = d0 <= d1;
+        let d = if first { d0 } else { d1 };
+        let rec = if first { r0 } else { r1 };
+        if d == 0 {
+            return rec;
         }
         if (k0 == 0) | (k1 == 0) {
             return ptr::null_mut();
