@@ -12,7 +12,7 @@ use crate::error::Error;
 /// | setting | default |
 /// |---|---|
 /// | [`capacity`](Self::capacity) (addresses to presize for) | 0: start at `min_capacity` slots |
-/// | [`min_capacity`](Self::min_capacity) (slots, power of two) | 64 |
+/// | [`min_capacity`](Self::min_capacity) (home slots, power of two) | 64 |
 /// | [`max_addresses`](Self::max_addresses) | unlimited |
 /// | [`auto_shrink`](Self::auto_shrink) (below 12.5% load) | off |
 /// | [`hash_seed`](Self::hash_seed) | random per index |
@@ -92,7 +92,9 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
         self
     }
 
-    /// Smallest table, in slots: a power of two, at least 8.
+    /// Smallest table, in home slots (see
+    /// [`IndexStats::capacity`](crate::IndexStats::capacity)): a power of
+    /// two, at least 8.
     pub fn min_capacity(mut self, slots: usize) -> Self {
         self.min_capacity = slots;
         self

@@ -14,10 +14,11 @@
 //! duplicate. The hash is a seeded folded multiply and one more multiply (a
 //! fresh seed and multiplier per table; one fold alone clustered strided
 //! address sets for some seeds), and
-//! a lookup compares the first two slots of its probe sequence together,
-//! picking the match without a branch, so a key's distance from its home
-//! slot (0 or 1 for nearly all keys) does not cost a misprediction; a
-//! deterministic per-lookup count against hashbrown is
+//! a lookup reads the first two slots of its probe sequence together (an
+//! extra slot after the last home keeps them adjacent), keys and record
+//! pointers, picking the match with conditional moves, so a key's distance
+//! from its home slot (0 or 1 for nearly all keys) does not cost a
+//! misprediction; a deterministic per-lookup count against hashbrown is
 //! `scripts/cachegrind-lookup.sh`. Records are immutable; writers
 //! copy-on-write them (which is
 //! why `V: Clone`: the values that stay are cloned into the new record, the
@@ -511,7 +512,8 @@ impl<'g, V: 'g> Iterator for Iter<'g, V> {
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct IndexStats {
-    /// Slots in the newest table.
+    /// Home slots in the newest table (a power of two; the table holds one
+    /// more, the slot that probe sequences run through before they wrap).
     pub capacity: usize,
     /// Tables in the chain: 2 while a resize is migrating, else 1.
     pub tables: usize,

@@ -200,7 +200,7 @@ struct ResizeState {
     /// Next slot of `root` to migrate, while `root.future` is set.
     cursor: usize,
     /// Slots to migrate per write during this migration:
-    /// `MIGRATE_CHUNK × ⌈old capacity / new capacity⌉ + 1`, and at least 4
+    /// `MIGRATE_CHUNK × ⌈old capacity / new capacity⌉ + 2`, and at least 4
     /// per stripe (see `attach`). Every claim in the
     /// new table pays one step, so the migration ends before the new table
     /// can fill (see `attach`).
@@ -1109,7 +1109,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// Finishes any migration, then makes sure the newest table has room
     /// for `extra` more claims below the growth threshold. `tight`: size
     /// the new table just below the growth threshold (bulk presizing, for
-    /// memory) rather than at 50% load.
+    /// memory) rather than as growth does ([`capacity_grown`]).
     fn grow_blocking(&self, extra: usize, tight: bool) {
         let mut st = lock(&self.resize);
         let _guard = rcu::read_lock();
@@ -1121,7 +1121,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             let cap = if tight {
                 capacity_presized(need, self.config.min_capacity)
             } else {
-                capacity_for(need, self.config.min_capacity)
+                capacity_grown(need, self.config.min_capacity)
             };
             self.attach(&mut st, cap);
             // The new table is empty: claims go there at once; the old
@@ -1162,10 +1162,12 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// the new table full, found by the `index_concurrent` fuzz target); so
     /// the count is read again under every stripe lock, where it is exact,
     /// and a table that is too small is replaced before it is attached.
-    /// Each claim in it migrates `budget` ≥ `MIGRATE_CHUNK × ⌈old / new⌉`
-    /// old slots, so the migration ends after at most `new / MIGRATE_CHUNK`
-    /// claims; writers' claims also reserve room for the keys still to
-    /// migrate (`insert_group_locked`), so the migration always finds room.
+    /// Each claim in it migrates `budget` ≥ `MIGRATE_CHUNK × ⌈old / new⌉ + 2`
+    /// old slots (the `+ 2`: the extra slot and key 0's), so the migration
+    /// ends after at most `new / MIGRATE_CHUNK` claims (one claim when the
+    /// new table has fewer than `MIGRATE_CHUNK` slots); writers' claims
+    /// also reserve room for the keys still to migrate
+    /// (`insert_group_locked`), so the migration always finds room.
     fn attach(&self, st: &mut ResizeState, capacity: usize) {
         // SAFETY: root is live (caller's guard).
         if !unsafe { &*self.root.load(Ordering::Acquire) }

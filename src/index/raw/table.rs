@@ -1,7 +1,10 @@
 //! One open-addressing table of the address index.
 //!
-//! `capacity` (a power of two) slots of 16 bytes, four per cache line, each
-//! `{ key: u64, rec: *Record }`, probed linearly from `hash(key, seed)`.
+//! `capacity` (a power of two) home slots plus one extra slot, 16 bytes
+//! each, four per cache line, each `{ key: u64, rec: *Record }`, probed
+//! linearly from `hash(key, seed)`: a key's home is in `0..capacity`, and a
+//! probe runs on through the extra slot (index `capacity`) before it wraps
+//! to 0, so the first two slots of every sequence are adjacent in memory.
 //!
 //! # Slot states
 //!
@@ -186,7 +189,8 @@ pub(crate) enum Probe<'t> {
 }
 
 impl Table {
-    /// A table of `capacity` (a power of two) empty slots.
+    /// A table of `capacity` (a power of two) home slots, all empty, and
+    /// the extra slot after them (`capacity + 1` slots in all).
     pub(crate) fn new(capacity: usize, seed: u64) -> Box<Self> {
         // At least 2 slots: `shift` stays below 64.
         assert!(capacity.is_power_of_two() && capacity >= 2);
@@ -644,6 +648,49 @@ mod loom_tests {
             let after = unsafe { lookup_chain(&*t.old, KEY) };
             assert!(is_live(after));
         });
+    }
+
+    /// A lookup reads the first two slots of its sequence, keys and record
+    /// pointers, before it knows which key matches. While a writer claims
+    /// the second slot for another key with the same home (the extra slot
+    /// when the home is the last one), publishes it, then marks the first
+    /// key `MOVED`, a lookup of either key returns that key's record (or,
+    /// for the second, nothing yet), never the other key's.
+    #[test]
+    fn lookup_pair_never_returns_the_neighbours_record() {
+        for home in [1, 3] {
+            loom::model(move || {
+                let t = Arc::new(Table::new(4, 9));
+                let mut same_home = (1u64..).filter(|&k| t.home(k) == home);
+                let (k1, k2) = (same_home.next().unwrap(), same_home.next().unwrap());
+                let (r1, r2) = (rec(1), rec(2));
+                let (slot, _, _) = t.claim(k1);
+                slot.rec.store(r1, Ordering::Release);
+                // Raw pointers are not `Send`; their addresses are.
+                let (a1, a2) = (r1 as usize, r2 as usize);
+                let w = t.clone();
+                let writer = loom::thread::spawn(move || {
+                    let (slot, dist, fresh) = w.claim(k2);
+                    assert!(fresh && dist == 1);
+                    slot.rec.store(a2 as *mut Header, Ordering::Release);
+                    let (slot, _, fresh) = w.claim(k1);
+                    assert!(!fresh);
+                    slot.rec.store(moved(), Ordering::Release);
+                });
+                let r = t.clone();
+                let reader = loom::thread::spawn(move || {
+                    let got = r.lookup(k1);
+                    assert!(got as usize == a1 || got == moved(), "k1 got {got:?}");
+                    let got = r.lookup(k2);
+                    assert!(got.is_null() || got as usize == a2, "k2 got {got:?}");
+                });
+                writer.join().unwrap();
+                reader.join().unwrap();
+                assert_eq!(t.lookup(k2), r2);
+                // Home 3 is the last home: the neighbour is the extra slot.
+                assert_eq!(t.slot_at(home + 1).0, k2);
+            });
+        }
     }
 }
 
