@@ -380,9 +380,23 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// one. The caller holds a read guard.
     #[inline(always)]
     pub(crate) fn lookup_raw(&self, key: u64) -> *mut Header {
+        self.lookup_then(key, NonNull::as_ptr, ptr::null_mut)
+    }
+
+    /// [`RawIndex::lookup_raw`] that hands a live record to `found` and
+    /// calls `absent` otherwise (see [`table::lookup_chain`]): `get`
+    /// turns the record into its values' slice on the found path alone,
+    /// without testing the pointer for null again.
+    #[inline(always)]
+    fn lookup_then<R>(
+        &self,
+        key: u64,
+        found: impl FnOnce(NonNull<Header>) -> R,
+        absent: impl FnOnce() -> R,
+    ) -> R {
         match &self.cache {
-            None => self.lookup_uncached(key),
-            Some(c) => self.lookup_cached(c, key),
+            None => self.lookup_uncached_then(key, found, absent),
+            Some(c) => NonNull::new(self.lookup_cached(c, key)).map_or_else(absent, found),
         }
     }
 
@@ -398,12 +412,24 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// read guard.
     #[inline(always)]
     pub(crate) fn lookup_uncached(&self, key: u64) -> *mut Header {
+        self.lookup_uncached_then(key, NonNull::as_ptr, ptr::null_mut)
+    }
+
+    /// [`RawIndex::lookup_uncached`] with the record handed to `found`, as
+    /// in [`RawIndex::lookup_then`].
+    #[inline(always)]
+    fn lookup_uncached_then<R>(
+        &self,
+        key: u64,
+        found: impl FnOnce(NonNull<Header>) -> R,
+        absent: impl FnOnce() -> R,
+    ) -> R {
         // Acquire: pairs with the Release stores of `root` (migration swap,
         // clear); the table's fields are visible.
         let root = self.root.load(Ordering::Acquire);
         // SAFETY: `root` and every `future` reachable from it stay allocated
         // while the caller's read guard lives (struct invariant).
-        unsafe { table::lookup_chain(root, key) }
+        unsafe { table::lookup_chain(root, key, found, absent) }
     }
 
     /// The values of `key` (empty if none), valid while the caller's read
@@ -414,21 +440,15 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// The caller holds a read guard for `'g`, and `self` outlives `'g`.
     #[inline(always)]
     pub(crate) unsafe fn get<'g>(&self, key: u64) -> &'g [V] {
-        // The values of a live record; called only with one (both arms).
-        let values = |rec: NonNull<Header>| {
-            // SAFETY: a live record of `V`s, kept alive by the caller's
-            // guard.
-            unsafe { RecordPtr::<V>::from_raw(rec.as_ptr()).values() }
-        };
-        match &self.cache {
-            None => {
-                // Acquire: as in `lookup_uncached`.
-                let root = self.root.load(Ordering::Acquire);
-                // SAFETY: as in `lookup_uncached`.
-                unsafe { table::lookup_chain_then(root, key, values, || &[]) }
-            }
-            Some(c) => NonNull::new(self.lookup_cached(c, key)).map_or(&[], values),
-        }
+        self.lookup_then(
+            key,
+            |rec| {
+                // SAFETY: a live record of `V`s, kept alive by the caller's
+                // guard.
+                unsafe { RecordPtr::<V>::from_raw(rec.as_ptr()).values() }
+            },
+            || &[],
+        )
     }
 
     /// Values and ids of `key`.
@@ -1051,25 +1071,28 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             self.migrate(&mut st, budget);
             return;
         }
-        let addrs = self.live_addrs();
         if !root.has_room(0, GROW_AT) {
-            // `unspent`: the table's count includes claim credits not yet
-            // spent, so at the growth threshold the live addresses may be
-            // that many short of it; sized on the live count alone, the
-            // "grown" table would be the same size (and grow again soon).
-            let unspent = self.unspent_credits_bound(root);
-            self.attach(
-                &mut st,
-                capacity_grown(addrs + unspent, self.config.min_capacity),
-            );
+            let need = self.growth_need(root, 0);
+            self.attach(&mut st, capacity_grown(need, self.config.min_capacity));
         } else if claims == 0 && self.should_shrink(root) {
             // To at most 1/4 load: far enough from the growth threshold that
             // a few inserts do not grow it straight back.
+            let addrs = self.live_addrs();
             let cap = capacity_for(addrs.saturating_mul(2), self.config.min_capacity);
             if cap < root.capacity() {
                 self.attach(&mut st, cap);
             }
         }
+    }
+
+    /// Keys the table that replaces `root` must hold: the live addresses,
+    /// `extra` more, and the bound on `root`'s unspent claim credits. The
+    /// credits are in `root`'s claimed count, so at the growth threshold the
+    /// live addresses may be that many short of it; sized on the live count
+    /// alone, the "grown" table would be the same size (and grow again
+    /// soon).
+    fn growth_need(&self, root: &Table, extra: usize) -> usize {
+        self.live_addrs() + extra + self.unspent_credits_bound(root)
     }
 
     /// Whether a resize step is due: a migration to help, or a table to
@@ -1117,7 +1140,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // SAFETY: root is live under the guard.
         let root = unsafe { &*self.root.load(Ordering::Acquire) };
         if !root.has_room(extra, GROW_AT) {
-            let need = self.live_addrs() + extra + self.unspent_credits_bound(root);
+            let need = self.growth_need(root, extra);
             let cap = if tight {
                 capacity_presized(need, self.config.min_capacity)
             } else {

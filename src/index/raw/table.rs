@@ -151,8 +151,9 @@ pub(crate) const LONG_PROBE: usize = 128;
 /// Growth at 50%: linear probing's tail grows fast with load. Measured with
 /// a seeded multiplicative hash over 19 seeds at 50k keys, the longest
 /// probe sequence is 195 slots at 76% load, 55 at 61%, 35 at 50% (99.9th
-/// percentile 59 / 23 / 13). A hot address that lands at the end of a long cluster costs every
-/// lookup that many compares (5 ns vs 66 ns measured at 76%), so the table
+/// percentile 59 / 23 / 13). A hot address that lands at the end of a long
+/// cluster costs every lookup that many compares (5 ns vs 66 ns measured at
+/// 76%), so the table
 /// trades memory (about 74 bytes per single-value address at 50k instead of
 /// about 53) for a bounded tail.
 pub(crate) const GROW_AT: (usize, usize) = (1, 2);
@@ -497,28 +498,18 @@ impl Table {
 }
 
 /// Looks `key` up in `t` and the tables chained behind it: the reader's
-/// whole algorithm. Returns a live record or null.
+/// whole algorithm. Hands a live record to `found`, or calls `absent`: a
+/// caller that turns the record into something else (the values' slice)
+/// does so on the found path alone, without testing a returned pointer for
+/// null again. `lookup_chain(t, key, NonNull::as_ptr, ptr::null_mut)` is
+/// the record or null.
 ///
 /// # Safety
 ///
 /// `t` and every table reachable through `future` stay allocated for the
 /// duration of the call (the caller holds an RCU read guard).
 #[inline(always)]
-pub(crate) unsafe fn lookup_chain(t: *const Table, key: u64) -> *mut Header {
-    // SAFETY: caller contract.
-    unsafe { lookup_chain_then(t, key, NonNull::as_ptr, ptr::null_mut) }
-}
-
-/// [`lookup_chain`] that hands a live record to `found` and calls `absent`
-/// otherwise: a caller that turns the record into something else (the
-/// values' slice) does so on the found path alone, without testing the
-/// returned pointer for null again.
-///
-/// # Safety
-///
-/// As for [`lookup_chain`].
-#[inline(always)]
-pub(crate) unsafe fn lookup_chain_then<R>(
+pub(crate) unsafe fn lookup_chain<R>(
     mut t: *const Table,
     key: u64,
     found: impl FnOnce(NonNull<Header>) -> R,
@@ -638,14 +629,14 @@ mod loom_tests {
             let r = t.clone();
             let reader = loom::thread::spawn(move || {
                 // SAFETY: both tables live until the end of the model.
-                let found = unsafe { lookup_chain(&*r.old, KEY) };
+                let found = unsafe { lookup_chain(&*r.old, KEY, NonNull::as_ptr, ptr::null_mut) };
                 assert!(is_live(found), "reader missed a live key during migration");
             });
             reader.join().unwrap();
             migrator.join().unwrap();
             writer.join().unwrap();
             // SAFETY: as above.
-            let after = unsafe { lookup_chain(&*t.old, KEY) };
+            let after = unsafe { lookup_chain(&*t.old, KEY, NonNull::as_ptr, ptr::null_mut) };
             assert!(is_live(after));
         });
     }
