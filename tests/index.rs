@@ -151,7 +151,7 @@ fn growth_from_empty_doubles_each_time() {
 /// `live / 2` new claims before it is replaced in turn, so the migrations
 /// cost at most about 2 moved keys per new address. 15,000 live keys is
 /// the case the 50%-load sizing got worst: 32,768 slots, room for 1,384
-/// claims, 72 tables for 100,000 new addresses instead of at most 14.
+/// claims, 71 tables for 100,000 new addresses instead of at most 14.
 #[test]
 #[cfg_attr(miri, ignore = "115k inserts are too slow under miri")]
 fn tombstone_churn_resizes_are_amortised() {
