@@ -86,7 +86,9 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
         }
     }
 
-    /// Presize for this many addresses (no resize until they are in).
+    /// Presize for this many addresses (no resize until they are in). The
+    /// table is made resident by `build`, as by
+    /// [`AddrIndex::with_capacity`](crate::AddrIndex::with_capacity).
     pub fn capacity(mut self, addresses: usize) -> Self {
         self.capacity = addresses;
         self

@@ -142,6 +142,11 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
 
     /// An empty index presized for `addresses` addresses.
     ///
+    /// The table's memory (about 32 bytes per address) is allocated and
+    /// made resident here, in time linear in `addresses`: written once now,
+    /// each page costs one page fault rather than the two that inserts
+    /// reading it first would cost.
+    ///
     /// # Examples
     ///
     /// ```

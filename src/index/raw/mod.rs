@@ -98,6 +98,20 @@ const PREFETCH_AHEAD: usize = 8;
 /// Bits of an entry id that name its stripe.
 const STRIPE_ID_BITS: u32 = 16;
 
+/// The hash seed of a table that [`RawIndex::attach`] makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Seed {
+    /// The root's seed: growth and shrinking. Homes are the top bits of
+    /// the hash, so with the same seed a key's home in a table twice as
+    /// large is `2h` or `2h + 1` for its old home `h`: a migration that
+    /// walks the old table in order writes the new one in order too (11%
+    /// → 6% of a from-empty registration's profile in `claim_exclusive`).
+    Keep,
+    /// A new seed: a rehash, asked for when a probe sequence grew too long
+    /// for the load (keys that defeat the current seed).
+    Fresh,
+}
+
 /// Index configuration, validated by the builder.
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
@@ -332,7 +346,12 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let cap = config.initial_capacity;
         let stripes = config.stripes;
         debug_assert!(stripes.is_power_of_two() && stripes <= 1 << STRIPE_ID_BITS);
-        let root = Box::into_raw(Table::new(cap, table_seed(config.seed, 0)));
+        let root = Table::new(cap, table_seed(config.seed, 0));
+        // Presized for the addresses to come: fault the table in now, once
+        // per page, rather than twice per page under the inserts (read
+        // first, then written: `Table::prefault`).
+        root.prefault(0, root.slot_count());
+        let root = Box::into_raw(root);
         Self {
             root: CachePadded(AtomicPtr::new(root)),
             stripes: (0..stripes)
@@ -1073,14 +1092,18 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         }
         if !root.has_room(0, GROW_AT) {
             let need = self.growth_need(root, 0);
-            self.attach(&mut st, capacity_grown(need, self.config.min_capacity));
+            self.attach(
+                &mut st,
+                capacity_grown(need, self.config.min_capacity),
+                Seed::Keep,
+            );
         } else if claims == 0 && self.should_shrink(root) {
             // To at most 1/4 load: far enough from the growth threshold that
             // a few inserts do not grow it straight back.
             let addrs = self.live_addrs();
             let cap = capacity_for(addrs.saturating_mul(2), self.config.min_capacity);
             if cap < root.capacity() {
-                self.attach(&mut st, cap);
+                self.attach(&mut st, cap, Seed::Keep);
             }
         }
     }
@@ -1124,7 +1147,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 let cap =
                     capacity_for(self.live_addrs(), self.config.min_capacity).max(root.capacity());
                 self.rehashes.fetch_add(1, Ordering::Relaxed);
-                self.attach(&mut st, cap);
+                self.attach(&mut st, cap, Seed::Fresh);
             }
         }
     }
@@ -1146,7 +1169,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             } else {
                 capacity_grown(need, self.config.min_capacity)
             };
-            self.attach(&mut st, cap);
+            self.attach(&mut st, cap, Seed::Keep);
             // The new table is empty: claims go there at once; the old
             // entries follow chunk by chunk.
         }
@@ -1191,7 +1214,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// new table has fewer than `MIGRATE_CHUNK` slots); writers' claims
     /// also reserve room for the keys still to migrate
     /// (`insert_group_locked`), so the migration always finds room.
-    fn attach(&self, st: &mut ResizeState, capacity: usize) {
+    fn attach(&self, st: &mut ResizeState, capacity: usize, seed: Seed) {
         // SAFETY: root is live (caller's guard).
         if !unsafe { &*self.root.load(Ordering::Acquire) }
             .future
@@ -1203,8 +1226,15 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             // on a stale view simply has nothing to do.
             return;
         }
-        let seed = table_seed(self.config.seed, st.generation);
-        st.generation += 1;
+        let seed = match seed {
+            Seed::Fresh => {
+                let s = table_seed(self.config.seed, st.generation);
+                st.generation += 1;
+                s
+            }
+            // SAFETY: root is live (caller's guard).
+            Seed::Keep => unsafe { &*self.root.load(Ordering::Acquire) }.seed(),
+        };
         // SAFETY: root is live (caller's guard).
         let old_cap = unsafe { &*self.root.load(Ordering::Acquire) }.capacity();
         let mut capacity = capacity.max(old_cap / 64);
@@ -1271,6 +1301,15 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let mut i = st.cursor;
         while i < end {
             let run_end = end.min(i.saturating_add(run));
+            // The same share of the new table as this run is of the old
+            // one, faulted in before the claims read it (`Table::prefault`),
+            // and before the locks are taken: a fault costs microseconds.
+            // With the seed kept (`Seed::Keep`) that share is about where
+            // this run's keys go; in any case the last run reaches the end,
+            // so every page of the new table is covered once.
+            let share =
+                |p: usize| (p as u128 * new.slot_count() as u128 / (last as u128 + 1)) as usize;
+            new.prefault(share(i), share(run_end));
             let stripes = self.lock_all_stripes();
             let mut fresh = 0;
             for j in i..run_end {
@@ -1540,7 +1579,7 @@ mod tests {
             let mut st = lock(&index.resize);
             let _guard = rcu::read_lock();
             // Sized as a shrink decided on a count of 1 would size it.
-            index.attach(&mut st, capacity_for(2, 8));
+            index.attach(&mut st, capacity_for(2, 8), Seed::Keep);
             index.finish_migration(&mut st);
         }
         let _guard = rcu::read_lock();
@@ -1569,7 +1608,7 @@ mod tests {
         {
             let mut st = lock(&index.resize);
             let _guard = rcu::read_lock();
-            index.attach(&mut st, 8);
+            index.attach(&mut st, 8, Seed::Keep);
         }
         // A stripe run claiming new keys in it: refused before the
         // migration's room is used up.

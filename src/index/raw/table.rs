@@ -206,6 +206,10 @@ impl Table {
         })
     }
 
+    pub(crate) fn seed(&self) -> u64 {
+        self.hasher.seed
+    }
+
     #[inline(always)]
     pub(crate) fn capacity(&self) -> usize {
         self.last
@@ -215,6 +219,45 @@ impl Table {
     #[inline(always)]
     fn next(&self, i: usize) -> usize {
         if i == self.last { 0 } else { i + 1 }
+    }
+
+    /// Makes the pages of slots `from..to` (clamped to the table) resident
+    /// and writable now, with one write fault each, by a no-op write to one
+    /// slot in every 4 KiB of them. Values are unchanged; safe at any time.
+    ///
+    /// Why: a large table comes from `alloc_zeroed`, which maps fresh pages
+    /// lazily. A writer's first access to a page is a read (`locate`, then
+    /// the probe of `claim`), which maps the kernel's shared zero page, and
+    /// its claim then takes a second fault to copy it: two faults per page,
+    /// about 3.4 µs per page on the project's VM against 2.0 µs for a page
+    /// written first (`BENCHMARKS.md`, "Registration"). A migration calls
+    /// this on the part of the new table its step corresponds to, so a
+    /// table attached by growth is faulted in once per page, spread over
+    /// its migration steps (no stall of the whole table on one insert).
+    pub(crate) fn prefault(&self, from: usize, to: usize) {
+        #[cfg(not(loom))]
+        {
+            let n = self.slots.len();
+            let to = to.min(n);
+            if from >= to {
+                return;
+            }
+            // One slot every 4 KiB from the start of the array: every page
+            // holds exactly one of these addresses unless it is the last
+            // page and ends before its point, hence the last slot too.
+            let mut i = from.next_multiple_of(PAGE_SLOTS);
+            while i < to {
+                write_in_place(&self.slots[i]);
+                i += PAGE_SLOTS;
+            }
+            if to == n {
+                write_in_place(&self.slots[n - 1]);
+            }
+        }
+        // Under loom the slots are model objects, not memory pages, and the
+        // extra operations would only enlarge the models.
+        #[cfg(loom)]
+        let _ = (from, to);
     }
 
     pub(crate) fn claimed(&self) -> usize {
@@ -387,6 +430,7 @@ impl Table {
     /// here: the migrator adds its fresh claims with [`Table::add_claims`]
     /// before it releases the locks, which is before any other writer can
     /// read the count. Returns the slot and whether it is fresh.
+    #[inline]
     pub(crate) fn claim_exclusive(&self, key: u64) -> (&Slot, bool) {
         let (slot, _, fresh) = self.claim_inner(key, true);
         (slot, fresh)
@@ -457,6 +501,7 @@ impl Table {
 
     /// Slot `i` for migration, `i` in `0..=slot_count()` (the last is key
     /// 0's).
+    #[inline]
     pub(crate) fn slot_at(&self, i: usize) -> (u64, &Slot) {
         if i == self.slots.len() {
             (0, &self.zero)
@@ -530,6 +575,26 @@ pub(crate) unsafe fn lookup_chain<R>(
             return absent();
         }
     }
+}
+
+/// Slots per 4 KiB, the smallest page size [`Table::prefault`] assumes (on
+/// larger pages it writes to some pages more than once).
+#[cfg(not(loom))]
+const PAGE_SLOTS: usize = 4096 / std::mem::size_of::<Slot>();
+
+/// A write to `slot` that changes nothing: a compare-exchange of its key
+/// from 0 to 0 (stores 0 over 0, or fails on another key). It is a locked
+/// read-modify-write, which the CPU performs with write access, so the
+/// kernel maps the page writable at the first fault. `fetch_or(0)` would
+/// say the same, but rustc compiles an idempotent relaxed RMW to nothing;
+/// the compare-exchange stays a `lock cmpxchg`. Concurrent claims (a
+/// compare-exchange from 0 to their key) are unaffected: either goes first.
+#[cfg(not(loom))]
+#[inline(always)]
+fn write_in_place(slot: &Slot) {
+    let _ = slot
+        .key
+        .compare_exchange(0, 0, Ordering::Relaxed, Ordering::Relaxed);
 }
 
 /// `n` empty slots. Through `alloc_zeroed` (calloc: fresh pages come from
@@ -692,6 +757,50 @@ mod tests {
     /// Keys of `t` whose home slot is `home`, from a simple counter.
     fn keys_with_home(t: &Table, home: usize, n: usize) -> Vec<u64> {
         (1u64..).filter(|&k| t.home(k) == home).take(n).collect()
+    }
+
+    /// Minor page faults of the calling thread so far.
+    #[cfg(all(target_os = "linux", not(miri)))]
+    fn minor_faults() -> usize {
+        // SAFETY: `getrusage` fills the zeroed struct it is given.
+        let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid pointer to a `rusage`.
+        assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut r) }, 0);
+        r.ru_minflt as usize
+    }
+
+    /// After `prefault`, a table's pages take reads and writes without a
+    /// fault; without it (or with a prefault the compiler reduced to a
+    /// load) every page read first and written then costs two. The table is
+    /// 64 MiB, above glibc's largest mmap threshold, so its pages are fresh
+    /// from the kernel; other allocators (or transparent huge pages) can
+    /// only make the counts smaller, which the bounds allow.
+    #[cfg(all(target_os = "linux", not(miri)))]
+    #[test]
+    fn prefault_leaves_no_fault_for_the_claims() {
+        let t = Table::new(1 << 22, 7);
+        let pages = t.slot_count() * std::mem::size_of::<Slot>() / 4096;
+        let f0 = minor_faults();
+        t.prefault(0, t.slot_count());
+        let f1 = minor_faults();
+        // A read, then a write, on every page (four slots per page).
+        for i in (0..t.slot_count()).step_by(PAGE_SLOTS / 4) {
+            let key = &t.slots[i].key;
+            if key.load(Ordering::Relaxed) == 0 {
+                key.store(i as u64 + 1, Ordering::Relaxed);
+            }
+        }
+        let f2 = minor_faults();
+        assert!(
+            f1 - f0 <= pages + 64,
+            "{} faults for {pages} pages",
+            f1 - f0
+        );
+        assert!(
+            f2 - f1 <= 64,
+            "{} faults after prefault ({pages} pages)",
+            f2 - f1
+        );
     }
 
     /// A probe sequence that starts at the last home slot runs through the
