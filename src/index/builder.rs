@@ -115,8 +115,9 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
         self
     }
 
-    /// Seed of the hash. Every table the index creates (resizes, rehashes)
-    /// derives a different seed from it. Fixed seeds make layouts
+    /// Seed of the hash. The first table uses a seed derived from it, and so
+    /// does every rehash (a new one each time); growing and shrinking keep
+    /// the table's seed, so that a migration writes the new table in order. Fixed seeds make layouts
     /// reproducible; the default is random, which is what resists chosen
     /// address sets.
     pub fn hash_seed(mut self, seed: u64) -> Self {

@@ -12,7 +12,7 @@
 //! cache line, finds it: a cold lookup costs two dependent cache misses (the
 //! slot's line and the record), where rhltable pays one per chained
 //! duplicate. The hash is a seeded folded multiply and one more multiply (a
-//! fresh seed and multiplier per table; one fold alone clustered strided
+//! fresh seed and multiplier per rehash; one fold alone clustered strided
 //! address sets for some seeds), and
 //! a lookup reads the first two slots of its probe sequence together (an
 //! extra slot after the last home keeps them adjacent), keys and record
@@ -29,7 +29,8 @@
 //! own cache lines, at least four stripes per CPU), and keep the index's
 //! counts per stripe, so registrations from several threads proceed in
 //! parallel without sharing a counter. A resize attaches a new table
-//! (fresh seed) behind the old one and migrates slots a chunk at a time from
+//! (the same seed, or a fresh one when a probe sequence ran too long)
+//! behind the old one and migrates slots a chunk at a time from
 //! later writes; readers follow the chain. The algorithm and its invariants
 //! are documented in the (private) `raw` module.
 //!

@@ -37,7 +37,8 @@
 //! Under the `resize` mutex (lock order: `resize`, then stripes in
 //! ascending order):
 //!
-//! 1. **Attach**: allocate the new table (new size and a fresh seed), then,
+//! 1. **Attach**: allocate the new table (new size; the same seed for
+//!    growth and shrinking, a fresh one for a rehash: `Seed`), then,
 //!    holding every stripe lock, set `root.future`. From then on no writer
 //!    claims a slot in the old table (writers read `future` under their
 //!    stripe lock).
@@ -45,7 +46,10 @@
 //!    the `resize` lock after its own operation (`try_lock`: nobody waits):
 //!    holding every stripe lock for the run of slots, for each live slot
 //!    claim the key in the new table, store the record pointer there, then
-//!    mark the old slot `MOVED`. The record itself is not copied. Holding
+//!    mark the old slot `MOVED`. The record itself is not copied. Before
+//!    the locks, the run faults in its share of the new table, one write
+//!    per page (`Table::prefault`), so that no page of a fresh table is read
+//!    before it is written (two page faults instead of one). Holding
 //!    every lock (rather than each key's own, once per key) costs one lock
 //!    operation per stripe per run instead of two per moved key, and with
 //!    no writer able to claim meanwhile the claims need no CAS
