@@ -93,6 +93,10 @@ use crate::sync::{AtomicPtr, AtomicU64, AtomicUsize, CachePadded, Mutex, MutexGu
 /// Slots migrated per write while a resize is in progress.
 pub(crate) const MIGRATE_CHUNK: usize = 256;
 
+/// Old slots a migration run scans before moving the live ones among them
+/// (`migrate`).
+const MIGRATE_BATCH: usize = 64;
+
 /// Most keys a bulk insert adds per stripe-lock acquisition.
 const BULK_RUN: usize = 1024;
 
@@ -1316,16 +1320,28 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             new.prefault(share(i), share(run_end));
             let stripes = self.lock_all_stripes();
             let mut fresh = 0;
-            for j in i..run_end {
-                let (key, slot) = old.slot_at(j);
-                if key == 0 && j != last {
-                    continue;
+            // Two passes per batch: the first lists the live slots without a
+            // branch on each (about half the slots are live, at random, so a
+            // branch there mispredicts about every other slot), the second
+            // moves them. Empty slots hold a null record, so the record alone
+            // says whether a slot is live; no writer changes a slot of the
+            // old table while every stripe lock is held, so what the first
+            // pass read still holds in the second.
+            let mut j = i;
+            while j < run_end {
+                let batch_end = run_end.min(j + MIGRATE_BATCH);
+                let mut live = [(0, ptr::null_mut()); MIGRATE_BATCH];
+                let mut n = 0;
+                for k in j..batch_end {
+                    // Acquire: pairs with the Release publish of the writer
+                    // that stored it (also ordered by the stripe lock); the
+                    // record is handed on to readers of the new slot.
+                    let rec = old.slot_at(k).1.rec.load(Ordering::Acquire);
+                    live[n] = (k, rec);
+                    n += usize::from(is_live(rec));
                 }
-                // Acquire: pairs with the Release publish of the writer that
-                // stored it (also ordered by the stripe lock); the record is
-                // handed on to readers of the new slot.
-                let rec = slot.rec.load(Ordering::Acquire);
-                if is_live(rec) {
+                for &(k, rec) in &live[..n] {
+                    let (key, slot) = old.slot_at(k);
                     let (new_slot, is_fresh) = new.claim_exclusive(key);
                     fresh += usize::from(is_fresh);
                     // New slot first, then MOVED (module docs): a reader that
@@ -1333,6 +1349,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                     Self::publish(new_slot, rec);
                     Self::publish(slot, moved());
                 }
+                j = batch_end;
             }
             // Before the locks go: writers read the count under theirs.
             new.add_claims(fresh);
