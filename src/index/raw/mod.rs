@@ -1662,4 +1662,45 @@ mod tests {
             assert_eq!(unsafe { index.get(k) }, [k], "key {k}");
         }
     }
+
+    /// Growth keeps the root's seed (a key's home `h` becomes `2h` or
+    /// `2h + 1`, so the migration writes the new table in order); a rehash
+    /// draws a new seed, and growth after it keeps that one. No key is lost
+    /// on the way.
+    #[test]
+    fn growth_keeps_the_seed_and_a_rehash_draws_a_new_one() {
+        let index = RawIndex::<u64>::new(config());
+        let seed = |index: &RawIndex<u64>| {
+            let _guard = rcu::read_lock();
+            // SAFETY: root is live under the guard.
+            unsafe { &*index.root.load(Ordering::Acquire) }.seed()
+        };
+        let first = seed(&index);
+        for k in 1..=1_000u64 {
+            index.insert(k, k).unwrap();
+        }
+        assert!(index.resizes.load(Ordering::Relaxed) >= 4);
+        assert_eq!(seed(&index), first, "growth changed the seed");
+        index.request_rehash();
+        {
+            let mut st = lock(&index.resize);
+            let _guard = rcu::read_lock();
+            index.finish_migration(&mut st);
+        }
+        let rehashed = seed(&index);
+        assert_ne!(rehashed, first, "a rehash kept the seed");
+        for k in 1_001..=4_000u64 {
+            index.insert(k, k).unwrap();
+        }
+        assert_eq!(
+            seed(&index),
+            rehashed,
+            "growth after a rehash changed the seed"
+        );
+        let _guard = rcu::read_lock();
+        for k in 1..=4_000u64 {
+            // SAFETY: a read guard is held and `index` outlives it.
+            assert_eq!(unsafe { index.get(k) }, [k], "key {k}");
+        }
+    }
 }
