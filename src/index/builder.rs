@@ -87,8 +87,8 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
     }
 
     /// Presize for this many addresses (no resize until they are in). The
-    /// table is made resident by `build`, as by
-    /// [`AddrIndex::with_capacity`](crate::AddrIndex::with_capacity).
+    /// table (32 to 64 bytes per address) is made resident by `build`, as
+    /// by [`AddrIndex::with_capacity`](crate::AddrIndex::with_capacity).
     pub fn capacity(mut self, addresses: usize) -> Self {
         self.capacity = addresses;
         self
@@ -117,9 +117,9 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
 
     /// Seed of the hash. The first table uses a seed derived from it, and so
     /// does every rehash (a new one each time); growing and shrinking keep
-    /// the table's seed, so that a migration writes the new table in order. Fixed seeds make layouts
-    /// reproducible; the default is random, which is what resists chosen
-    /// address sets.
+    /// the table's seed, so that a migration writes the new table in order.
+    /// Fixed seeds make layouts reproducible; the default is random, which
+    /// is what resists chosen address sets.
     pub fn hash_seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
         self

@@ -143,10 +143,12 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
 
     /// An empty index presized for `addresses` addresses.
     ///
-    /// The table's memory (about 32 bytes per address) is allocated and
-    /// made resident here, in time linear in `addresses`: written once now,
-    /// each page costs one page fault rather than the two that inserts
-    /// reading it first would cost.
+    /// The table's memory (32 to 64 bytes per address: a power of two of
+    /// 16-byte slots, at least twice the addresses) is allocated and made
+    /// resident here, in time linear in `addresses`: written once now, each
+    /// page costs one page fault rather than the two that inserts reading it
+    /// first would cost. So presize for addresses you will register, not for
+    /// a generous upper bound.
     ///
     /// # Examples
     ///

@@ -75,7 +75,8 @@
 //! are dropped; with `auto_shrink` the table shrinks below
 //! 12.5% live, to at most 25%. A claim that probes more
 //! than `LONG_PROBE` slots in a table under half full means the hash is being
-//! defeated: the table is rehashed with a new seed.
+//! defeated: the table is rehashed with a new seed (at once, or, when a
+//! migration is running, by the next table attached: `rehash_pending`).
 
 pub(crate) mod record;
 pub(crate) mod table;
@@ -88,7 +89,9 @@ use table::{FORCE_AT, GROW_AT, LONG_PROBE, Probe, Slot, Table, is_live, moved};
 
 use crate::error::Error;
 use crate::rcu;
-use crate::sync::{AtomicPtr, AtomicU64, AtomicUsize, CachePadded, Mutex, MutexGuard, Ordering};
+use crate::sync::{
+    AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, CachePadded, Mutex, MutexGuard, Ordering,
+};
 
 /// Slots migrated per write while a resize is in progress.
 pub(crate) const MIGRATE_CHUNK: usize = 256;
@@ -247,6 +250,12 @@ pub(crate) struct RawIndex<V> {
     limited_addrs: CachePadded<AtomicUsize>,
     resizes: AtomicU64,
     rehashes: AtomicU64,
+    /// A rehash was asked for (`request_rehash`) and no table with a fresh
+    /// seed has been attached since: the next `attach`, a growth included,
+    /// draws one. Growth keeps the seed otherwise, so without this a request
+    /// dropped because a migration was running (or the lock was busy) would
+    /// leave the cluster that caused it in every later table.
+    rehash_pending: AtomicBool,
     config: Config,
     /// The recent-hit cache, when configured; writers bump its generation.
     ///
@@ -384,6 +393,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             limited_addrs: CachePadded(AtomicUsize::new(0)),
             resizes: AtomicU64::new(0),
             rehashes: AtomicU64::new(0),
+            rehash_pending: AtomicBool::new(false),
             cache: config
                 .hit_cache
                 .map(|c| Box::new(crate::cache::HitCache::new(c))),
@@ -1146,7 +1156,14 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             && self.live_addrs() * 8 < root.capacity()
     }
 
+    /// A claim probed more than `LONG_PROBE` slots in a table under half
+    /// claimed. Rehashed now when no migration runs and the resize lock is
+    /// free; otherwise (and whatever happens now) `rehash_pending` makes the
+    /// next table attached draw a fresh seed.
     fn request_rehash(&self) {
+        // Relaxed: a hint read under `resize` by `attach`; a request that
+        // races with an attach is served by the one after it.
+        self.rehash_pending.store(true, Ordering::Relaxed);
         if let Ok(mut st) = self.resize.try_lock() {
             let _guard = rcu::read_lock();
             // SAFETY: root is live under the guard.
@@ -1154,7 +1171,6 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             if root.future.load(Ordering::Acquire).is_null() {
                 let cap =
                     capacity_for(self.live_addrs(), self.config.min_capacity).max(root.capacity());
-                self.rehashes.fetch_add(1, Ordering::Relaxed);
                 self.attach(&mut st, cap, Seed::Fresh);
             }
         }
@@ -1234,8 +1250,15 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             // on a stale view simply has nothing to do.
             return;
         }
+        // A rehash asked for and not served yet turns any new table into one.
+        let seed = if self.rehash_pending.swap(false, Ordering::Relaxed) {
+            Seed::Fresh
+        } else {
+            seed
+        };
         let seed = match seed {
             Seed::Fresh => {
+                self.rehashes.fetch_add(1, Ordering::Relaxed);
                 let s = table_seed(self.config.seed, st.generation);
                 st.generation += 1;
                 s
@@ -1665,8 +1688,9 @@ mod tests {
 
     /// Growth keeps the root's seed (a key's home `h` becomes `2h` or
     /// `2h + 1`, so the migration writes the new table in order); a rehash
-    /// draws a new seed, and growth after it keeps that one. No key is lost
-    /// on the way.
+    /// draws a new seed, and growth after it keeps that one; a rehash asked
+    /// for while a migration runs is served by the next table attached. No
+    /// key is lost on the way.
     #[test]
     fn growth_keeps_the_seed_and_a_rehash_draws_a_new_one() {
         let index = RawIndex::<u64>::new(config());
@@ -1697,8 +1721,37 @@ mod tests {
             rehashed,
             "growth after a rehash changed the seed"
         );
+        assert_eq!(index.rehashes.load(Ordering::Relaxed), 1);
+        // A rehash asked for during a migration is not dropped: the next
+        // table attached, a growth, draws a fresh seed.
+        {
+            let mut st = lock(&index.resize);
+            let _guard = rcu::read_lock();
+            let cap = index.newest().capacity();
+            index.attach(&mut st, cap, Seed::Keep);
+        }
+        index.request_rehash();
+        {
+            let mut st = lock(&index.resize);
+            let _guard = rcu::read_lock();
+            index.finish_migration(&mut st);
+        }
+        assert_eq!(seed(&index), rehashed, "no table was attached yet");
+        let resizes = index.resizes.load(Ordering::Relaxed);
+        let mut k = 4_001u64;
+        while index.resizes.load(Ordering::Relaxed) == resizes {
+            index.insert(k, k).unwrap();
+            k += 1;
+        }
+        {
+            let mut st = lock(&index.resize);
+            let _guard = rcu::read_lock();
+            index.finish_migration(&mut st);
+        }
+        assert_ne!(seed(&index), rehashed, "the pending rehash was dropped");
+        assert_eq!(index.rehashes.load(Ordering::Relaxed), 2);
         let _guard = rcu::read_lock();
-        for k in 1..=4_000u64 {
+        for k in 1..k {
             // SAFETY: a read guard is held and `index` outlives it.
             assert_eq!(unsafe { index.get(k) }, [k], "key {k}");
         }
