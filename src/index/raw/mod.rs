@@ -1239,12 +1239,11 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// also reserve room for the keys still to migrate
     /// (`insert_group_locked`), so the migration always finds room.
     fn attach(&self, st: &mut ResizeState, capacity: usize, seed: Seed) {
+        // Loaded once: the root only changes under `resize` (the migration's
+        // swap, `clear`), which the caller holds.
         // SAFETY: root is live (caller's guard).
-        if !unsafe { &*self.root.load(Ordering::Acquire) }
-            .future
-            .load(Ordering::Acquire)
-            .is_null()
-        {
+        let root = unsafe { &*self.root.load(Ordering::Acquire) };
+        if !root.future.load(Ordering::Acquire).is_null() {
             // Futures are only attached under `resize`, which the caller
             // holds, so this cannot change under us; a caller that decided
             // on a stale view simply has nothing to do.
@@ -1263,11 +1262,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 st.generation += 1;
                 s
             }
-            // SAFETY: root is live (caller's guard).
-            Seed::Keep => unsafe { &*self.root.load(Ordering::Acquire) }.seed(),
+            Seed::Keep => root.seed(),
         };
-        // SAFETY: root is live (caller's guard).
-        let old_cap = unsafe { &*self.root.load(Ordering::Acquire) }.capacity();
+        let old_cap = root.capacity();
         let mut capacity = capacity.max(old_cap / 64);
         let (new, stripes) = loop {
             let new = Table::new(capacity, seed);
@@ -1289,8 +1286,6 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // operations than it moves keys.
         st.budget =
             (MIGRATE_CHUNK * old_cap.div_ceil(capacity).max(1) + 2).max(4 * self.stripes.len());
-        // SAFETY: root is live (caller's guard).
-        let root = unsafe { &*self.root.load(Ordering::Acquire) };
         // Release: pairs with the Acquire loads of `future` by readers and
         // writers; the new table's fields are visible. Every stripe lock is
         // held, so no writer is between reading `future` and claiming.
@@ -1329,6 +1324,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // `migrate_run()` slots, so writers wait a bounded time even when a
         // forced resize migrates a whole table.
         let run = self.migrate_run();
+        // The position in the new table that is as far through it as old
+        // position `p` is through the old table (`last + 1` positions).
+        let share = |p: usize| (p as u128 * new.slot_count() as u128 / (last as u128 + 1)) as usize;
         let mut i = st.cursor;
         while i < end {
             let run_end = end.min(i.saturating_add(run));
@@ -1338,8 +1336,6 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             // With the seed kept (`Seed::Keep`) that share is about where
             // this run's keys go; in any case the last run reaches the end,
             // so every page of the new table is covered once.
-            let share =
-                |p: usize| (p as u128 * new.slot_count() as u128 / (last as u128 + 1)) as usize;
             new.prefault(share(i), share(run_end));
             let stripes = self.lock_all_stripes();
             let mut fresh = 0;

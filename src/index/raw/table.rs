@@ -154,9 +154,8 @@ pub(crate) const LONG_PROBE: usize = 128;
 /// probe sequence is 195 slots at 76% load, 55 at 61%, 35 at 50% (99.9th
 /// percentile 59 / 23 / 13). A hot address that lands at the end of a long
 /// cluster costs every lookup that many compares (5 ns vs 66 ns measured at
-/// 76%), so the table
-/// trades memory (about 74 bytes per single-value address at 50k instead of
-/// about 53) for a bounded tail.
+/// 76%), so the table trades memory (about 74 bytes per single-value
+/// address at 50k instead of about 53) for a bounded tail.
 pub(crate) const GROW_AT: (usize, usize) = (1, 2);
 pub(crate) const FORCE_AT: (usize, usize) = (9, 10);
 
