@@ -11,6 +11,16 @@
 //!   so the records the readers hit are replaced (copy-on-write) under them.
 //! * `… 10k ops/s`: the same writer paced to 10,000 operations a second (a
 //!   busy attach/detach rate rather than a flood).
+//! * Three controls whose writer shares no memory with the reader's index,
+//!   to tell a loss that comes from sharing the index apart from one that
+//!   comes from sharing the machine: `control: spin` does arithmetic on the
+//!   writer's CPU (no memory traffic); `control: other index` runs the
+//!   `disjoint` writer flat out on a second fprobe index of the same size
+//!   (its allocations, grace periods and table rebuilds compete for the
+//!   caches, the memory bus and the CPUs, but no line is shared);
+//!   `control: hashbrown` runs the same writer on a private
+//!   `hashbrown::HashMap<u64, Vec<u64>>` of the same addresses (a writer
+//!   with no reclamation and no concurrent table).
 
 use std::collections::VecDeque;
 use std::hint::black_box;
@@ -34,6 +44,12 @@ enum Writer {
     HotSet,
     /// `HotSet` capped at [`PACED_OPS`] operations per second.
     HotSetPaced,
+    /// Control: arithmetic only, on the writer's CPU.
+    Spin,
+    /// Control: `Disjoint` flat out on a second index.
+    OtherIndex,
+    /// Control: `Disjoint` flat out on a private `hashbrown::HashMap`.
+    Hashbrown,
 }
 
 /// Rate of the paced writer: a busy attach/detach workload, not a flood.
@@ -54,6 +70,8 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     );
     let data = addrs::handlers(&set.addrs, cfg.seed);
     let index = impls::fprobe_index(&data);
+    let other = impls::fprobe_index(&data);
+    let private: hashbrown::HashMap<u64, Vec<u64>> = data.iter().cloned().collect();
     let hot = addrs::hot_set(&set.addrs, cfg.seed);
     let top = *set.addrs.last().expect("non-empty set");
     let mut rows = Vec::new();
@@ -67,16 +85,37 @@ pub fn run(cfg: &Config) -> Vec<Row> {
         ),
         ("hot-set", Workload::Hot, Writer::HotSet),
         ("hot-set, 10k ops/s", Workload::Hot, Writer::HotSetPaced),
+        ("control: spin", Workload::Uniform, Writer::Spin),
+        (
+            "control: other index",
+            Workload::Uniform,
+            Writer::OtherIndex,
+        ),
+        ("control: hashbrown", Workload::Uniform, Writer::Hashbrown),
     ] {
         let streams = addrs::streams(&set.addrs, workload, readers, BATCH, cfg.seed);
-        let (mut idle, mut churn, mut writes, mut gps) = (
+        let (mut idle, mut churn, mut writes, mut gps, mut tables) = (
             Samples::default(),
             Samples::default(),
+            Vec::new(),
             Vec::new(),
             Vec::new(),
         );
+        let written = if writer == Writer::OtherIndex {
+            &other
+        } else {
+            &index
+        };
         for round in 0..=cfg.rounds {
-            let s = phase(cfg, &index, &streams, Writer::Idle, &hot, top);
+            let s = phase(
+                cfg,
+                [&index, &other],
+                &private,
+                &streams,
+                Writer::Idle,
+                &hot,
+                top,
+            );
             eprintln!(
                 "  churn {variant:<8} round {}  writer idle      reader {:>8.2} M/s",
                 round + 1,
@@ -86,16 +125,23 @@ pub fn run(cfg: &Config) -> Vec<Row> {
             if round == cfg.rounds {
                 break; // idle phases bracket every churn phase
             }
-            let (gp0, t0) = (rcu::stats().reclaim_grace_periods, Instant::now());
-            let s = phase(cfg, &index, &streams, writer, &hot, top);
-            let gp = (rcu::stats().reclaim_grace_periods - gp0) as f64 / t0.elapsed().as_secs_f64();
+            let (gp0, rs0, t0) = (
+                rcu::stats().reclaim_grace_periods,
+                written.stats().resizes,
+                Instant::now(),
+            );
+            let s = phase(cfg, [&index, &other], &private, &streams, writer, &hot, top);
+            let secs = t0.elapsed().as_secs_f64();
+            let gp = (rcu::stats().reclaim_grace_periods - gp0) as f64 / secs;
+            let rs = (written.stats().resizes - rs0) as f64 / secs;
             eprintln!(
-                "  churn {variant:<8} round {}  writer churning  reader {:>8.2} M/s, writer {:.3} M ops/s, {gp:.0} grace periods/s",
+                "  churn {variant:<8} round {}  writer churning  reader {:>8.2} M/s, writer {:.3} M ops/s, {gp:.0} grace periods/s, {rs:.0} tables/s",
                 round + 1,
                 s.0.median() / 1e6,
                 s.1 / 1e6
             );
             gps.push(gp);
+            tables.push(rs);
             churn.extend(s.0);
             writes.push(s.1);
         }
@@ -106,6 +152,7 @@ pub fn run(cfg: &Config) -> Vec<Row> {
             format!("{:.2} ± {:.2}", churn.mean() / 1e6, churn.stddev() / 1e6),
             format!("{:.3}", harness::median(&writes) / 1e6),
             format!("{:.0}", harness::median(&gps)),
+            format!("{:.0}", harness::median(&tables)),
             format!(
                 "{ratio:.3}× {}",
                 if ratio >= 0.9 { "met" } else { "**missed**" }
@@ -137,6 +184,7 @@ pub fn run(cfg: &Config) -> Vec<Row> {
             "reader M/s, writer churning",
             "writer M ops/s (insert or remove)",
             "reclaimer grace periods/s",
+            "tables attached/s",
             "churn ÷ idle (medians, target ≥ 0.9×)",
         ],
         &body,
@@ -146,9 +194,12 @@ pub fn run(cfg: &Config) -> Vec<Row> {
 
 /// One phase: the reader(s) measured by the sampler while `writer` runs on
 /// its own thread; returns the reader samples and the writer's ops/s.
+/// Readers read the first index; the `OtherIndex` control writes the
+/// second, the `Hashbrown` control a clone of `private`.
 fn phase(
     cfg: &Config,
-    index: &AddrIndex<u64>,
+    [index, other]: [&AddrIndex<u64>; 2],
+    private: &hashbrown::HashMap<u64, Vec<u64>>,
     streams: &[Vec<u64>],
     writer: Writer,
     hot: &[u64],
@@ -169,7 +220,11 @@ fn phase(
                     Writer::Disjoint => churn_disjoint(index, top, stop_writer, f64::INFINITY),
                     Writer::DisjointPaced => churn_disjoint(index, top, stop_writer, PACED_OPS),
                     Writer::HotSetPaced => churn_hot(index, hot, stop_writer, PACED_OPS),
-                    _ => churn_hot(index, hot, stop_writer, f64::INFINITY),
+                    Writer::HotSet => churn_hot(index, hot, stop_writer, f64::INFINITY),
+                    Writer::OtherIndex => churn_disjoint(other, top, stop_writer, f64::INFINITY),
+                    Writer::Hashbrown => churn_private(private.clone(), top, stop_writer),
+                    Writer::Spin => spin(stop_writer),
+                    Writer::Idle => unreachable!("no writer thread when idle"),
                 };
                 // Relaxed: read after the scope joins this thread.
                 ops.store(n, Ordering::Relaxed);
@@ -235,6 +290,42 @@ fn churn_disjoint(index: &AddrIndex<u64>, top: u64, stop: &AtomicBool, rate: f64
         index.remove(a, id).expect("inserted above");
     }
     ops
+}
+
+/// Control: the `churn_disjoint` writer, flat out, on a private map that
+/// no reader sees.
+fn churn_private(mut map: hashbrown::HashMap<u64, Vec<u64>>, top: u64, stop: &AtomicBool) -> u64 {
+    const WINDOW: usize = 4096;
+    let mut live: VecDeque<u64> = VecDeque::with_capacity(WINDOW + 1);
+    let (mut next, mut ops) = ((top & !15) + 0x1000, 0u64);
+    // Relaxed: a stop request, polled.
+    while !stop.load(Ordering::Relaxed) {
+        map.entry(next).or_default().push(next);
+        live.push_back(next);
+        next += 16;
+        ops += 1;
+        if live.len() > WINDOW {
+            let a = live.pop_front().expect("non-empty");
+            map.remove(&a).expect("inserted above");
+            ops += 1;
+        }
+    }
+    black_box(map.len());
+    ops
+}
+
+/// Control: integer arithmetic in registers until stopped; returns 0 (no
+/// index operations).
+fn spin(stop: &AtomicBool) -> u64 {
+    let mut x = 1u64;
+    // Relaxed: a stop request, polled.
+    while !stop.load(Ordering::Relaxed) {
+        for _ in 0..1024 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        x = black_box(x);
+    }
+    0
 }
 
 /// Adds a value to each hot address in turn and removes it again, at most
