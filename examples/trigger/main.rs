@@ -6,6 +6,7 @@
 //! cargo run --release --example trigger                      # lookup, both workloads, 1..=nproc threads
 //! cargo run --release --example trigger -- --bench registration
 //! cargo run --release --example trigger -- --bench churn
+//! cargo run --release --example trigger -- --bench churn-peers
 //! cargo run --release --example trigger -- --bench kprobe-multi,kprobe-multi-all,kretprobe-multi-all
 //! cargo run --release --example trigger -- --bench objpool,uretprobe-nop --threads 1,2
 //! cargo run --release --example trigger -- --bench all
@@ -19,6 +20,7 @@
 
 mod addrs;
 mod bench_churn;
+mod bench_churn_peers;
 mod bench_lookup;
 mod bench_pools;
 mod bench_probe;
@@ -63,6 +65,11 @@ pub const BENCHES: &[BenchDef] = &[
         run: bench_churn::run,
     },
     BenchDef {
+        name: "churn-peers",
+        about: "the flat-out churn writers against papaya, scc, dashmap, RwLock<hashbrown>, arc-swap",
+        run: bench_churn_peers::run,
+    },
+    BenchDef {
         name: "kprobe-multi",
         about: "M calls/s (entry + exit hook) of one probe on one address, fprobe vs locked-HashMap dispatchers",
         run: bench_probe::run_kprobe_multi,
@@ -90,7 +97,7 @@ pub const BENCHES: &[BenchDef] = &[
 ];
 
 /// Implementation names `--impls` accepts, per group of benchmarks.
-fn impl_groups() -> [(&'static str, Vec<(&'static str, &'static str)>); 3] {
+fn impl_groups() -> [(&'static str, Vec<(&'static str, &'static str)>); 4] {
     let pools = pools::KRETPROBE
         .iter()
         .chain(pools::URETPROBE)
@@ -98,6 +105,14 @@ fn impl_groups() -> [(&'static str, Vec<(&'static str, &'static str)>); 3] {
         .collect();
     [
         ("lookup", impls::NAMES.to_vec()),
+        (
+            "churn-peers",
+            impls::NAMES
+                .iter()
+                .copied()
+                .filter(|(n, _)| bench_churn_peers::NAMES.contains(n))
+                .collect(),
+        ),
         (
             "kprobe-multi, kprobe-multi-all, kretprobe-multi-all",
             dispatch::NAMES.to_vec(),
