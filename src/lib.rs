@@ -23,6 +23,7 @@
 pub(crate) mod sync;
 
 pub mod cache;
+mod cpu;
 mod error;
 pub mod index;
 pub mod objpool;

@@ -457,6 +457,35 @@ pub fn barrier() {
     reclaim::barrier();
 }
 
+/// Whether the reclaimer thread follows the CPU of the threads that retire
+/// objects (default: on).
+///
+/// On, the reclaimer confines itself, before each batch, to the CPU on
+/// which the batch's last object was retired, so that the work of dropping
+/// retired objects lands on the writers' CPUs rather than the readers'
+/// (the kernel runs RCU callbacks on the CPU that queued them). It only
+/// goes to CPUs it was allowed when it started, and a thread waiting for
+/// reclamation that sees no progress for 100 ms sends it back to all of
+/// them for a second. Off, it goes back to those CPUs for good and the
+/// scheduler places it. Takes effect at the next batch. Does nothing where
+/// threads have no affinity (outside Linux, under miri).
+///
+/// # Examples
+///
+/// ```
+/// // A process whose writers share CPUs with latency-critical threads
+/// // may prefer the scheduler's placement.
+/// fprobe::rcu::set_reclaimer_follows_retirer(false);
+/// fprobe::rcu::retire(Box::new(1u8));
+/// fprobe::rcu::barrier();
+/// fprobe::rcu::set_reclaimer_follows_retirer(true);
+/// ```
+#[cfg(not(loom))]
+pub fn set_reclaimer_follows_retirer(on: bool) {
+    // Relaxed: a setting the reclaimer reads once per batch.
+    reclaim::FOLLOW.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Counters of the RCU machinery, for monitoring and tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]

@@ -32,13 +32,41 @@
 //! liburcu's `call_rcu` do, bounding grace periods from the reclaimer to
 //! about 1,000 a second whatever the write rate.
 //!
+//! # Placement
+//!
+//! The reclaimer runs where the garbage comes from. Before each batch it
+//! restricts itself to the CPU on which the batch's last object was
+//! retired, as the kernel invokes RCU callbacks on the CPU that queued
+//! them; readers on other CPUs then lose no time to it. Left to the
+//! scheduler, it ran on the *reader's* CPU: with one reader and one writer
+//! flat out on two CPUs, the reclaimer took 10–22% of a CPU, there (every
+//! sample of a disjoint-churn phase found it on the reader's CPU; `--bench
+//! churn` in BENCHMARKS.md).
+//!
+//! * It only goes to CPUs of its *home* mask, the affinity it inherited
+//!   when it was spawned (a process confined with `taskset` stays
+//!   confined), and returns home when following fails (an offline CPU, a
+//!   changed cpuset) or is turned off ([`super::set_reclaimer_follows_retirer`]).
+//! * Liveness does not depend on the retirer's CPU: a thread that waits for
+//!   reclamation ([`barrier`], back-pressure) and sees no progress for
+//!   [`STALL`] sends the reclaimer home and suspends following for
+//!   [`STALL_PAUSE`]. A retirer's CPU may be monopolised by a thread of
+//!   higher priority.
+//! * The CPU number is a hint read from the rseq area (or `sched_getcpu`),
+//!   about a nanosecond per retirement, under the queue lock the retirer
+//!   holds anyway. The affinity changes only when the CPU does: one
+//!   `sched_setaffinity` per batch at most (at most about 1,000 a second,
+//!   see coalescing), none for a single writer that stays put.
+//!
 //! The state sits behind a pointer so that the child of a `fork` can start
 //! from a fresh one (the reclaimer thread does not survive `fork`); see
 //! `after_fork_child`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use crate::sync::{AtomicPtr, Condvar, Mutex, MutexGuard, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::sync::{AtomicBool, AtomicPtr, Condvar, Mutex, MutexGuard, Ordering};
 
 /// Objects allowed to wait for a grace period before retiring threads feel
 /// back-pressure.
@@ -50,6 +78,19 @@ pub(crate) const COALESCE: std::time::Duration = std::time::Duration::from_milli
 
 /// Queue length at which the reclaimer stops waiting for more.
 pub(crate) const COALESCE_MAX: usize = MAX_PENDING / 4;
+
+/// How long a waiter lets the reclaimer make no progress before it sends
+/// the reclaimer back to its home CPUs (module docs: placement). Long
+/// enough for an ordinary grace period (the process's first one registers
+/// with membarrier(2), which itself waits for a kernel grace period).
+pub(crate) const STALL: Duration = Duration::from_millis(100);
+
+/// How long following the retirers' CPU stays suspended after a stall.
+pub(crate) const STALL_PAUSE: Duration = Duration::from_secs(1);
+
+/// Whether the reclaimer follows the retirers' CPU
+/// ([`super::set_reclaimer_follows_retirer`]).
+pub(crate) static FOLLOW: AtomicBool = AtomicBool::new(true);
 
 /// A type-erased object to drop after a grace period.
 pub(crate) struct Deferred {
@@ -78,6 +119,23 @@ struct Inner {
     grace_periods: u64,
     panics: u64,
     worker: Worker,
+    /// CPU of the last retirement (a hint; `None` where it cannot be read).
+    last_cpu: Option<usize>,
+    /// Where the reclaimer runs; `None` until it has started.
+    placement: Option<Placement>,
+}
+
+/// The reclaimer thread's affinity (module docs: placement).
+struct Placement {
+    /// Its thread id, for a waiter that sends it home.
+    #[cfg_attr(not(all(target_os = "linux", not(miri))), allow(dead_code))]
+    tid: i32,
+    /// The CPUs it inherited.
+    home: affinity::Mask,
+    /// The one CPU it is confined to now; `None`: its home mask.
+    pinned: Option<usize>,
+    /// Following is suspended until then (after a stall).
+    paused_until: Option<Instant>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -117,6 +175,8 @@ fn state() -> &'static State {
             grace_periods: 0,
             panics: 0,
             worker: Worker::NotStarted,
+            last_cpu: None,
+            placement: None,
         }),
         work: Condvar::new(),
         progress: Condvar::new(),
@@ -160,8 +220,16 @@ fn ensure_worker(st: &'static State, g: &mut Inner) {
 
 fn reclaimer(st: &'static State) {
     IS_RECLAIMER.with(|f| f.set(true));
+    if let Some((tid, home)) = affinity::current() {
+        lock(st).placement = Some(Placement {
+            tid,
+            home,
+            pinned: None,
+            paused_until: None,
+        });
+    }
     loop {
-        let (batch, upto) = {
+        let (batch, upto, cpu) = {
             let mut g = lock(st);
             while g.queue.is_empty() {
                 g = st.work.wait(g).unwrap_or_else(|e| e.into_inner());
@@ -178,9 +246,64 @@ fn reclaimer(st: &'static State) {
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
             }
-            (std::mem::take(&mut g.queue), g.retired)
+            (std::mem::take(&mut g.queue), g.retired, g.last_cpu)
         };
+        follow(st, cpu);
         reclaim_batch(st, batch, upto);
+    }
+}
+
+/// Confines the reclaimer (the calling thread) to `cpu`, the CPU of the
+/// batch's last retirement, or sends it home (module docs: placement).
+fn follow(st: &State, cpu: Option<usize>) {
+    let (want, home) = {
+        let mut g = lock(st);
+        let Some(p) = g.placement.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        if p.paused_until.is_some_and(|t| now >= t) {
+            p.paused_until = None;
+        }
+        // Relaxed: a setting, read once per batch; nothing else is ordered
+        // by it.
+        let want = if FOLLOW.load(Ordering::Relaxed) && p.paused_until.is_none() {
+            cpu.filter(|&c| p.home.contains(c))
+        } else {
+            None
+        };
+        if want == p.pinned {
+            return;
+        }
+        (want, p.home)
+    };
+    // The system call runs outside the lock: retirers do not wait for it.
+    let placed = match want {
+        Some(c) => affinity::set_own(&affinity::Mask::single(c)),
+        None => affinity::set_own(&home),
+    };
+    let mut g = lock(st);
+    let Some(p) = g.placement.as_mut() else {
+        return;
+    };
+    if placed {
+        p.pinned = want;
+    } else {
+        // The CPU went away or is no longer allowed: home is always valid
+        // (or, if even that fails, the thread keeps whatever it has).
+        affinity::set_own(&home);
+        p.pinned = None;
+    }
+}
+
+/// Sends a stalled reclaimer home and suspends following for
+/// [`STALL_PAUSE`] (module docs: placement). Caller holds the lock.
+fn release_stalled(g: &mut Inner) {
+    if let Some(p) = g.placement.as_mut() {
+        p.paused_until = Some(Instant::now() + STALL_PAUSE);
+        if p.pinned.is_some() && affinity::set_thread(p.tid, &p.home) {
+            p.pinned = None;
+        }
     }
 }
 
@@ -214,8 +337,10 @@ fn reclaim_batch(st: &State, batch: Vec<Deferred>, upto: u64) {
 /// frees it.
 pub(crate) unsafe fn retire_raw(ptr: *mut (), drop_fn: unsafe fn(*mut ())) {
     let st = state();
+    let cpu = crate::cpu::current();
     let mut g = lock(st);
     g.queue.push(Deferred { ptr, drop_fn });
+    g.last_cpu = cpu;
     g.retired += 1;
     let seq = g.retired;
     ensure_worker(st, &mut g);
@@ -253,7 +378,15 @@ fn wait_reclaimed(st: &State, target: u64) {
     let mut g = lock(st);
     while g.reclaimed < target {
         st.work.notify_one();
-        g = st.progress.wait(g).unwrap_or_else(|e| e.into_inner());
+        let (before, gps) = (g.reclaimed, g.grace_periods);
+        let (next, timeout) = st
+            .progress
+            .wait_timeout(g, STALL)
+            .unwrap_or_else(|e| e.into_inner());
+        g = next;
+        if timeout.timed_out() && g.reclaimed == before && g.grace_periods == gps {
+            release_stalled(&mut g);
+        }
     }
 }
 
@@ -298,4 +431,84 @@ pub(crate) fn stats() -> (u64, u64, u64, u64, usize) {
 /// structures).
 pub(crate) fn after_fork_child() {
     STATE.store(std::ptr::null_mut(), Ordering::Release);
+}
+
+/// Thread affinity, where the system has it (Linux, outside miri); no-ops
+/// elsewhere, where the reclaimer simply stays where the scheduler puts it.
+mod affinity {
+    #[cfg(all(target_os = "linux", not(miri)))]
+    mod imp {
+        /// A set of CPUs.
+        #[derive(Clone, Copy)]
+        pub(crate) struct Mask(libc::cpu_set_t);
+
+        impl Mask {
+            pub(crate) fn single(cpu: usize) -> Mask {
+                // SAFETY: `cpu_set_t` is plain bits; all-zero is the empty set.
+                let mut m: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+                if cpu < libc::CPU_SETSIZE as usize {
+                    // SAFETY: `cpu` is below `CPU_SETSIZE`, inside the set.
+                    unsafe { libc::CPU_SET(cpu, &mut m) };
+                }
+                Mask(m)
+            }
+
+            pub(crate) fn contains(&self, cpu: usize) -> bool {
+                // SAFETY: `cpu` is below `CPU_SETSIZE`, inside the set.
+                cpu < libc::CPU_SETSIZE as usize && unsafe { libc::CPU_ISSET(cpu, &self.0) }
+            }
+        }
+
+        /// The calling thread's id and affinity.
+        pub(crate) fn current() -> Option<(i32, Mask)> {
+            // SAFETY: as in `Mask::single`.
+            let mut m: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            // SAFETY: `m` is a live `cpu_set_t` of the size passed; 0 is the
+            // calling thread.
+            let ok = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut m) };
+            // SAFETY: `gettid` has no preconditions.
+            (ok == 0).then(|| (unsafe { libc::gettid() }, Mask(m)))
+        }
+
+        /// Sets the calling thread's affinity; whether the kernel took it.
+        pub(crate) fn set_own(m: &Mask) -> bool {
+            set_thread(0, m)
+        }
+
+        /// Sets thread `tid`'s affinity; whether the kernel took it.
+        pub(crate) fn set_thread(tid: i32, m: &Mask) -> bool {
+            // SAFETY: `m.0` is a live `cpu_set_t` of the size passed. A stale
+            // `tid` cannot name another process's thread: the reclaimer
+            // never exits while its process lives (and a fork's child
+            // starts a fresh state).
+            unsafe { libc::sched_setaffinity(tid, size_of::<libc::cpu_set_t>(), &m.0) == 0 }
+        }
+    }
+
+    #[cfg(not(all(target_os = "linux", not(miri))))]
+    mod imp {
+        #[derive(Clone, Copy)]
+        pub(crate) struct Mask;
+
+        impl Mask {
+            pub(crate) fn single(_cpu: usize) -> Mask {
+                Mask
+            }
+            pub(crate) fn contains(&self, _cpu: usize) -> bool {
+                false
+            }
+        }
+
+        pub(crate) fn current() -> Option<(i32, Mask)> {
+            None
+        }
+        pub(crate) fn set_own(_m: &Mask) -> bool {
+            false
+        }
+        pub(crate) fn set_thread(_tid: i32, _m: &Mask) -> bool {
+            false
+        }
+    }
+
+    pub(crate) use imp::*;
 }

@@ -1,0 +1,125 @@
+//! The number of the CPU the calling thread runs on, cheaply: the per-CPU
+//! hit cache picks its shard with it on every lookup, and the RCU reclaimer
+//! follows the CPU of the threads that retire objects.
+
+/// Where the CPU number comes from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum CpuSource {
+    /// The `cpu_id` of the rseq area glibc (≥ 2.35) registers for every
+    /// thread: one thread-pointer-relative load.
+    Rseq(isize),
+    /// `sched_getcpu(3)` (a vDSO call on x86-64 and arm64).
+    SchedGetcpu,
+}
+
+impl CpuSource {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            CpuSource::Rseq(_) => "rseq",
+            CpuSource::SchedGetcpu => "sched_getcpu",
+        }
+    }
+
+    /// The best source that works on this machine, or `None`.
+    pub(crate) fn detect() -> Option<CpuSource> {
+        #[cfg(all(
+            target_os = "linux",
+            any(target_arch = "x86_64", target_arch = "aarch64"),
+            not(miri),
+            not(loom)
+        ))]
+        {
+            // SAFETY: looking up glibc's exported data symbols by name;
+            // absent (older glibc, musl) they are null.
+            let (off, size) = unsafe {
+                (
+                    libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_offset".as_ptr()),
+                    libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_size".as_ptr()),
+                )
+            };
+            if !off.is_null() && !size.is_null() {
+                // SAFETY: glibc's `const ptrdiff_t __rseq_offset` and
+                // `const unsigned int __rseq_size`, set before `main`.
+                let (off, size) = unsafe { (*(off as *const isize), *(size as *const u32)) };
+                // Size 0: registration disabled or refused by the kernel.
+                if size >= 8 {
+                    let src = CpuSource::Rseq(off);
+                    if src.cpu().is_some() {
+                        return Some(src);
+                    }
+                }
+            }
+        }
+        #[cfg(not(any(miri, loom)))]
+        {
+            // SAFETY: no preconditions.
+            if unsafe { libc::sched_getcpu() } >= 0 {
+                return Some(CpuSource::SchedGetcpu);
+            }
+        }
+        None
+    }
+
+    /// The CPU the calling thread runs on now (it may move right after:
+    /// callers use the number as a hint).
+    #[inline(always)]
+    pub(crate) fn cpu(self) -> Option<usize> {
+        let id: i32 = match self {
+            #[cfg(all(
+                target_os = "linux",
+                any(target_arch = "x86_64", target_arch = "aarch64"),
+                not(miri),
+                not(loom)
+            ))]
+            CpuSource::Rseq(off) => {
+                let tp: usize;
+                // SAFETY: reads the thread pointer, no side effects.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp,
+                        options(nostack, readonly, preserves_flags));
+                }
+                // SAFETY: as above.
+                #[cfg(target_arch = "aarch64")]
+                unsafe {
+                    std::arch::asm!("mrs {}, tpidr_el0", out(reg) tp,
+                        options(nostack, nomem, preserves_flags));
+                }
+                // `struct rseq { u32 cpu_id_start; u32 cpu_id; ... }` at
+                // thread pointer + __rseq_offset, registered by glibc for
+                // every thread for its whole life; the kernel rewrites
+                // `cpu_id` on migration, hence the volatile read.
+                let p = tp.wrapping_add_signed(off).wrapping_add(4) as *const u32;
+                // SAFETY: see above; aligned (the rseq area is 32-aligned).
+                unsafe { std::ptr::read_volatile(p) as i32 }
+            }
+            #[cfg(not(all(
+                target_os = "linux",
+                any(target_arch = "x86_64", target_arch = "aarch64"),
+                not(miri),
+                not(loom)
+            )))]
+            CpuSource::Rseq(_) => -1,
+            CpuSource::SchedGetcpu => {
+                #[cfg(not(any(miri, loom)))]
+                {
+                    // SAFETY: no preconditions.
+                    unsafe { libc::sched_getcpu() }
+                }
+                #[cfg(any(miri, loom))]
+                {
+                    -1
+                }
+            }
+        };
+        usize::try_from(id).ok()
+    }
+}
+
+/// The CPU the calling thread runs on now, from the best source this
+/// machine has (detected once per process); `None` where no source works
+/// (miri, loom, other systems).
+pub(crate) fn current() -> Option<usize> {
+    static SOURCE: std::sync::OnceLock<Option<CpuSource>> = std::sync::OnceLock::new();
+    (*SOURCE.get_or_init(CpuSource::detect))?.cpu()
+}
