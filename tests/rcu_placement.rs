@@ -1,6 +1,6 @@
 //! Where the RCU reclaimer runs: on the CPU of the thread that retired the
-//! batch's last object, back on all its CPUs when following is off, and
-//! sent back there by a waiter when it stalls (`src/rcu/reclaim.rs`, module
+//! batch's last object, back on the process's CPUs when following is off,
+//! and sent back there by a waiter when it stalls (`src/rcu/reclaim.rs`, module
 //! docs: placement).
 //!
 //! One test in its own binary: every retirement in the process steers the
@@ -103,12 +103,47 @@ fn reclaimer_follows_the_retiring_cpu() {
         "following on again"
     );
 
-    // A batch that takes 400 ms (a slow destructor, or a reclaimer starved
-    // on the retirer's CPU): the waiting `barrier` sees no progress for
-    // 100 ms and sends the reclaimer home while it is still in the batch.
+    // The same stall with nobody waiting: a retirer that finds the queue's
+    // oldest object 100 ms old sends the reclaimer home. The slow callback
+    // reports where it may run 600 ms in, before anyone calls `barrier`.
+    assert_eq!(reclaimer_reaches(cpus[0], &[cpus[0]]), [cpus[0]]);
+    let (tx, rx) = mpsc::channel();
+    let c = cpus[0];
+    let seen = thread::spawn(move || {
+        assert!(pin_to(c));
+        rcu::call_rcu(move || {
+            thread::sleep(Duration::from_millis(600));
+            tx.send(own_cpus()).expect("receiver alive");
+        });
+        // Wait until the reclaimer has taken that batch.
+        for _ in 0..1000 {
+            if rcu::stats().pending == 0 {
+                break;
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        rcu::retire(Box::new(1u8)); // the new queue's oldest object
+        thread::sleep(Duration::from_millis(300));
+        rcu::retire(Box::new(2u8)); // length 2: checks its age
+        let seen = rx.recv().expect("the callback ran");
+        rcu::barrier();
+        seen
+    })
+    .join()
+    .expect("retiring thread");
+    assert_eq!(
+        seen, cpus,
+        "a retirer sends a stalled reclaimer back to every CPU it started with"
+    );
+    thread::sleep(Duration::from_millis(1100)); // the pause that release began
+
+    // A batch that takes a second (a slow destructor, or a reclaimer
+    // starved on the retirer's CPU): the waiting `barrier` sees no progress
+    // for 100 ms and sends the reclaimer home while it is still in the
+    // batch (a second leaves room for a throttled, loaded machine).
     assert_eq!(reclaimer_reaches(cpus[0], &[cpus[0]]), [cpus[0]]);
     assert_eq!(
-        reclaimer_cpus_after_retiring_on(cpus[0], Duration::from_millis(400)),
+        reclaimer_cpus_after_retiring_on(cpus[0], Duration::from_secs(1)),
         cpus,
         "a stalled reclaimer is sent back to every CPU it started with"
     );

@@ -463,12 +463,14 @@ pub fn barrier() {
 /// On, the reclaimer confines itself, before each batch, to the CPU on
 /// which the batch's last object was retired, so that the work of dropping
 /// retired objects lands on the writers' CPUs rather than the readers'
-/// (the kernel runs RCU callbacks on the CPU that queued them). It only
-/// goes to CPUs it was allowed when it started, and a thread waiting for
-/// reclamation that sees no progress for 100 ms sends it back to all of
-/// them for a second. Off, it goes back to those CPUs for good and the
-/// scheduler places it. Takes effect at the next batch. Does nothing where
-/// threads have no affinity (outside Linux, under miri).
+/// (by default the kernel runs RCU callbacks on the CPU that queued them).
+/// It only goes to CPUs in the affinity the process's main thread had when
+/// the reclaimer started; threads under a real-time policy do not steer
+/// it; and a thread waiting for reclamation, or a retirer, that sees no
+/// progress for 100 ms sends it back to all of those CPUs for a second.
+/// Off, it goes back to them for good and the scheduler places it. Takes
+/// effect at the next batch. Does nothing where threads have no affinity
+/// (outside Linux, under miri).
 ///
 /// # Examples
 ///

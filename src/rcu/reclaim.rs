@@ -36,27 +36,39 @@
 //!
 //! The reclaimer runs where the garbage comes from. Before each batch it
 //! restricts itself to the CPU on which the batch's last object was
-//! retired, as the kernel invokes RCU callbacks on the CPU that queued
-//! them; readers on other CPUs then lose no time to it. Left to the
-//! scheduler, it ran on the *reader's* CPU: with one reader and one writer
-//! flat out on two CPUs, the reclaimer took 10–22% of a CPU, there (every
-//! sample of a disjoint-churn phase found it on the reader's CPU; `--bench
-//! churn` in BENCHMARKS.md).
+//! retired, as the kernel by default (without `rcu_nocbs` offloading)
+//! invokes RCU callbacks on the CPU that queued them; readers on other CPUs
+//! then lose no time to it. Left to the scheduler, it ran on the *reader's*
+//! CPU: with one reader and one writer flat out on two CPUs, the reclaimer
+//! took 10–24% of a CPU, there (every sample of a disjoint-churn phase
+//! found it on the reader's CPU; `--bench churn` in BENCHMARKS.md).
 //!
-//! * It only goes to CPUs of its *home* mask, the affinity it inherited
-//!   when it was spawned (a process confined with `taskset` stays
-//!   confined), and returns home when following fails (an offline CPU, a
-//!   changed cpuset) or is turned off ([`super::set_reclaimer_follows_retirer`]).
-//! * Liveness does not depend on the retirer's CPU: a thread that waits for
-//!   reclamation ([`barrier`], back-pressure) and sees no progress for
-//!   [`STALL`] sends the reclaimer home and suspends following for
-//!   [`STALL_PAUSE`]. A retirer's CPU may be monopolised by a thread of
-//!   higher priority.
+//! * It only goes to CPUs of its *home* mask: the affinity of the
+//!   process's main thread when the reclaimer started (its own inherited
+//!   one if that cannot be read), so a process confined with `taskset`
+//!   stays confined. It returns home when following fails (an offline CPU,
+//!   a changed cpuset) or is turned off
+//!   ([`super::set_reclaimer_follows_retirer`]).
+//! * A retirer's CPU may be monopolised by a thread of higher priority, so
+//!   progress must not depend on it:
+//!   - retirers under a real-time policy (`SCHED_FIFO`, `SCHED_RR`,
+//!     `SCHED_DEADLINE`, read once per thread) do not steer the reclaimer;
+//!   - a thread that waits for reclamation ([`barrier`], back-pressure)
+//!     and sees no progress for [`STALL`] sends the reclaimer home and
+//!     suspends following for [`STALL_PAUSE`];
+//!   - so does a retirer that finds the queue's oldest object [`STALL`]
+//!     old (checked when the queue length reaches a power of two, so a
+//!     clock is read O(log n) times per batch).
+//!
+//!   What is left: a reclaimer confined to a CPU that something else then
+//!   monopolises, with no later retirement and no waiter, waits for that
+//!   CPU; its queue is then at most what was retired before.
 //! * The CPU number is a hint read from the rseq area (or `sched_getcpu`),
-//!   about a nanosecond per retirement, under the queue lock the retirer
-//!   holds anyway. The affinity changes only when the CPU does: one
-//!   `sched_setaffinity` per batch at most (at most about 1,000 a second,
-//!   see coalescing), none for a single writer that stays put.
+//!   about a nanosecond per retirement, just before the retirer takes the
+//!   queue lock. The affinity changes only when the CPU does: one
+//!   `sched_setaffinity` per batch (two when the CPU went away), none for a
+//!   single writer that stays put, plus one per release by a waiter or
+//!   retirer.
 //!
 //! The state sits behind a pointer so that the child of a `fork` can start
 //! from a fresh one (the reclaimer thread does not survive `fork`); see
@@ -119,8 +131,11 @@ struct Inner {
     grace_periods: u64,
     panics: u64,
     worker: Worker,
-    /// CPU of the last retirement (a hint; `None` where it cannot be read).
+    /// CPU of the last retirement (a hint; `None` where it cannot be read
+    /// or the retirer runs under a real-time policy).
     last_cpu: Option<usize>,
+    /// When the queue last went from empty to non-empty.
+    queue_since: Option<Instant>,
     /// Where the reclaimer runs; `None` until it has started.
     placement: Option<Placement>,
 }
@@ -176,6 +191,7 @@ fn state() -> &'static State {
             panics: 0,
             worker: Worker::NotStarted,
             last_cpu: None,
+            queue_since: None,
             placement: None,
         }),
         work: Condvar::new(),
@@ -209,6 +225,9 @@ fn ensure_worker(st: &'static State, g: &mut Inner) {
     if g.worker != Worker::NotStarted {
         return;
     }
+    // The fork handler must exist before there is a reclaimer thread whose
+    // id a forked child could inherit (`after_fork_child`).
+    super::init();
     let spawned = std::thread::Builder::new()
         .name("fprobe-rcu-reclaim".into())
         .spawn(move || reclaimer(st));
@@ -337,7 +356,7 @@ fn reclaim_batch(st: &State, batch: Vec<Deferred>, upto: u64) {
 /// frees it.
 pub(crate) unsafe fn retire_raw(ptr: *mut (), drop_fn: unsafe fn(*mut ())) {
     let st = state();
-    let cpu = crate::cpu::current();
+    let cpu = steering_cpu();
     let mut g = lock(st);
     g.queue.push(Deferred { ptr, drop_fn });
     g.last_cpu = cpu;
@@ -345,6 +364,14 @@ pub(crate) unsafe fn retire_raw(ptr: *mut (), drop_fn: unsafe fn(*mut ())) {
     let seq = g.retired;
     ensure_worker(st, &mut g);
     let pending = g.queue.len();
+    if pending == 1 {
+        g.queue_since = Some(Instant::now());
+    } else if pending.is_power_of_two()
+        && g.placement.as_ref().is_some_and(|p| p.pinned.is_some())
+        && g.queue_since.is_some_and(|t| t.elapsed() >= STALL)
+    {
+        release_stalled(&mut g);
+    }
     let worker = g.worker;
     drop(g);
     if worker == Worker::Running {
@@ -359,6 +386,16 @@ pub(crate) unsafe fn retire_raw(ptr: *mut (), drop_fn: unsafe fn(*mut ())) {
     } else if pending > MAX_PENDING / 8 && can_wait() {
         reclaim_inline(st);
     }
+}
+
+/// The calling thread's CPU, to steer the reclaimer; `None` for a thread
+/// under a real-time scheduling policy (module docs: placement).
+fn steering_cpu() -> Option<usize> {
+    std::thread_local! {
+        static REAL_TIME: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    }
+    let rt = REAL_TIME.with(|c| *c.get().get_or_insert_with(affinity::real_time));
+    if rt { None } else { crate::cpu::current() }
 }
 
 /// Whether the calling thread may block on a grace period.
@@ -459,15 +496,32 @@ mod affinity {
             }
         }
 
-        /// The calling thread's id and affinity.
-        pub(crate) fn current() -> Option<(i32, Mask)> {
+        /// Thread `tid`'s affinity (0: the calling thread).
+        fn of(tid: i32) -> Option<Mask> {
             // SAFETY: as in `Mask::single`.
             let mut m: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-            // SAFETY: `m` is a live `cpu_set_t` of the size passed; 0 is the
-            // calling thread.
-            let ok = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut m) };
-            // SAFETY: `gettid` has no preconditions.
-            (ok == 0).then(|| (unsafe { libc::gettid() }, Mask(m)))
+            // SAFETY: `m` is a live `cpu_set_t` of the size passed.
+            let ok = unsafe { libc::sched_getaffinity(tid, size_of::<libc::cpu_set_t>(), &mut m) };
+            (ok == 0).then_some(Mask(m))
+        }
+
+        /// The calling thread's id, and the home mask (module docs:
+        /// placement): the main thread's affinity, else the caller's.
+        pub(crate) fn current() -> Option<(i32, Mask)> {
+            // SAFETY: no preconditions. (The raw system call rather than
+            // glibc's `gettid`, which needs glibc 2.30 at link time.)
+            let tid = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+            // SAFETY: no preconditions.
+            let main = unsafe { libc::getpid() };
+            Some((tid, of(main).or_else(|| of(0))?))
+        }
+
+        /// Whether the calling thread runs under a real-time policy.
+        pub(crate) fn real_time() -> bool {
+            // SAFETY: no preconditions; 0 is the calling thread.
+            let policy = unsafe { libc::sched_getscheduler(0) };
+            // SCHED_DEADLINE (6) is not in every libc version's constants.
+            matches!(policy, libc::SCHED_FIFO | libc::SCHED_RR | 6)
         }
 
         /// Sets the calling thread's affinity; whether the kernel took it.
@@ -501,6 +555,9 @@ mod affinity {
 
         pub(crate) fn current() -> Option<(i32, Mask)> {
             None
+        }
+        pub(crate) fn real_time() -> bool {
+            false
         }
         pub(crate) fn set_own(_m: &Mask) -> bool {
             false
