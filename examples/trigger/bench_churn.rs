@@ -22,22 +22,21 @@
 //!   `hashbrown::HashMap<u64, Vec<u64>>` of the same addresses (a writer
 //!   with no reclamation and no concurrent table).
 
-use std::collections::VecDeque;
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use fprobe::{AddrIndex, EntryId, rcu};
+use fprobe::rcu;
 
 use crate::Config;
 use crate::addrs::{self, Workload};
+use crate::churn::{Churned, Fprobe, churn_disjoint, churn_hot, phase};
 use crate::harness::{self, Samples};
 use crate::impls::{self, BATCH};
 use crate::report::{self, Row};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Writer {
-    Idle,
     Disjoint,
     /// `Disjoint` capped at [`PACED_OPS`] operations per second.
     DisjointPaced,
@@ -69,8 +68,8 @@ pub fn run(cfg: &Config) -> Vec<Row> {
         rcu::stats().membarrier
     );
     let data = addrs::handlers(&set.addrs, cfg.seed);
-    let index = impls::fprobe_index(&data);
-    let other = impls::fprobe_index(&data);
+    let index = Fprobe(impls::fprobe_index(&data));
+    let other = Fprobe(impls::fprobe_index(&data));
     let private: hashbrown::HashMap<u64, Vec<u64>> = data.iter().cloned().collect();
     let hot = addrs::hot_set(&set.addrs, cfg.seed);
     let top = *set.addrs.last().expect("non-empty set");
@@ -93,7 +92,17 @@ pub fn run(cfg: &Config) -> Vec<Row> {
         ),
         ("control: hashbrown", Workload::Uniform, Writer::Hashbrown),
     ] {
-        let streams = addrs::streams(&set.addrs, workload, readers, BATCH, cfg.seed);
+        let stream = &addrs::streams(&set.addrs, workload, readers, BATCH, cfg.seed)[0];
+        let read = |b: &[u64]| index.read(b);
+        let write = |stop: &AtomicBool| match writer {
+            Writer::Disjoint => churn_disjoint(&mut &index, top, stop, f64::INFINITY),
+            Writer::DisjointPaced => churn_disjoint(&mut &index, top, stop, PACED_OPS),
+            Writer::HotSet => churn_hot(&mut &index, &hot, stop, f64::INFINITY),
+            Writer::HotSetPaced => churn_hot(&mut &index, &hot, stop, PACED_OPS),
+            Writer::OtherIndex => churn_disjoint(&mut &other, top, stop, f64::INFINITY),
+            Writer::Hashbrown => churn_disjoint(&mut private.clone(), top, stop, f64::INFINITY),
+            Writer::Spin => spin(stop),
+        };
         let (mut idle, mut churn, mut writes, mut gps, mut tables) = (
             Samples::default(),
             Samples::default(),
@@ -107,15 +116,7 @@ pub fn run(cfg: &Config) -> Vec<Row> {
             &index
         };
         for round in 0..=cfg.rounds {
-            let s = phase(
-                cfg,
-                [&index, &other],
-                &private,
-                &streams,
-                Writer::Idle,
-                &hot,
-                top,
-            );
+            let s = phase(cfg, stream, &read, None);
             eprintln!(
                 "  churn {variant:<8} round {}  writer idle      reader {:>8.2} M/s",
                 round + 1,
@@ -127,13 +128,13 @@ pub fn run(cfg: &Config) -> Vec<Row> {
             }
             let (gp0, rs0, t0) = (
                 rcu::stats().reclaim_grace_periods,
-                written.stats().resizes,
+                written.0.stats().resizes,
                 Instant::now(),
             );
-            let s = phase(cfg, [&index, &other], &private, &streams, writer, &hot, top);
+            let s = phase(cfg, stream, &read, Some(&write));
             let secs = t0.elapsed().as_secs_f64();
             let gp = (rcu::stats().reclaim_grace_periods - gp0) as f64 / secs;
-            let rs = (written.stats().resizes - rs0) as f64 / secs;
+            let rs = (written.0.stats().resizes - rs0) as f64 / secs;
             eprintln!(
                 "  churn {variant:<8} round {}  writer churning  reader {:>8.2} M/s, writer {:.3} M ops/s, {gp:.0} grace periods/s, {rs:.0} tables/s",
                 round + 1,
@@ -192,128 +193,6 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     rows
 }
 
-/// One phase: the reader(s) measured by the sampler while `writer` runs on
-/// its own thread; returns the reader samples and the writer's ops/s.
-/// Readers read the first index; the `OtherIndex` control writes the
-/// second, the `Hashbrown` control a clone of `private`.
-fn phase(
-    cfg: &Config,
-    [index, other]: [&AddrIndex<u64>; 2],
-    private: &hashbrown::HashMap<u64, Vec<u64>>,
-    streams: &[Vec<u64>],
-    writer: Writer,
-    hot: &[u64],
-    top: u64,
-) -> (Samples, f64) {
-    let stop_writer = AtomicBool::new(false);
-    let ops = AtomicU64::new(0);
-    let t0 = Instant::now();
-    let samples = std::thread::scope(|s| {
-        if writer != Writer::Idle {
-            let (stop_writer, ops) = (&stop_writer, &ops);
-            let cpu = cfg.cpus.get(streams.len() % cfg.cpus.len().max(1)).copied();
-            s.spawn(move || {
-                if let Some(cpu) = cpu {
-                    harness::pin_to(cpu);
-                }
-                let n = match writer {
-                    Writer::Disjoint => churn_disjoint(index, top, stop_writer, f64::INFINITY),
-                    Writer::DisjointPaced => churn_disjoint(index, top, stop_writer, PACED_OPS),
-                    Writer::HotSetPaced => churn_hot(index, hot, stop_writer, PACED_OPS),
-                    Writer::HotSet => churn_hot(index, hot, stop_writer, f64::INFINITY),
-                    Writer::OtherIndex => churn_disjoint(other, top, stop_writer, f64::INFINITY),
-                    Writer::Hashbrown => churn_private(private.clone(), top, stop_writer),
-                    Writer::Spin => spin(stop_writer),
-                    Writer::Idle => unreachable!("no writer thread when idle"),
-                };
-                // Relaxed: read after the scope joins this thread.
-                ops.store(n, Ordering::Relaxed);
-            });
-        }
-        let samples = harness::run_producers(
-            streams.len(),
-            0,
-            &cfg.cpus,
-            cfg.timing,
-            |i, counter, stop| {
-                let stream = &streams[i];
-                let mut pos = 0;
-                let mut acc = 0u64;
-                // Relaxed: polled once per batch.
-                while !stop.load(Ordering::Relaxed) {
-                    let batch = black_box(&stream[pos..pos + BATCH]);
-                    let guard = rcu::read_lock();
-                    for &a in batch {
-                        acc = acc.wrapping_add(index.get(a, &guard).iter().sum::<u64>());
-                    }
-                    drop(guard);
-                    counter.add(BATCH as u64);
-                    pos = (pos + BATCH) % stream.len();
-                }
-                black_box(acc);
-            },
-        );
-        // Relaxed: the writer polls it; the scope joins it.
-        stop_writer.store(true, Ordering::Relaxed);
-        samples
-    });
-    (
-        samples,
-        ops.into_inner() as f64 / t0.elapsed().as_secs_f64(),
-    )
-}
-
-/// Inserts fresh addresses above the read set and removes the oldest once
-/// 4,096 are in, at most `rate` operations per second; returns the number
-/// of operations.
-fn churn_disjoint(index: &AddrIndex<u64>, top: u64, stop: &AtomicBool, rate: f64) -> u64 {
-    let t0 = Instant::now();
-    const WINDOW: usize = 4096;
-    let mut live: VecDeque<(u64, EntryId)> = VecDeque::with_capacity(WINDOW + 1);
-    let (mut next, mut ops) = ((top & !15) + 0x1000, 0u64);
-    // Relaxed: a stop request, polled.
-    while !stop.load(Ordering::Relaxed) {
-        let id = index.insert(next, next).expect("no limit");
-        live.push_back((next, id));
-        next += 16;
-        ops += 1;
-        if live.len() > WINDOW {
-            let (a, id) = live.pop_front().expect("non-empty");
-            index.remove(a, id).expect("inserted above");
-            ops += 1;
-        }
-        while ops as f64 > rate * t0.elapsed().as_secs_f64() {
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        }
-    }
-    for (a, id) in live {
-        index.remove(a, id).expect("inserted above");
-    }
-    ops
-}
-
-/// Control: the `churn_disjoint` writer, flat out, on a private map that
-/// no reader sees.
-fn churn_private(mut map: hashbrown::HashMap<u64, Vec<u64>>, top: u64, stop: &AtomicBool) -> u64 {
-    const WINDOW: usize = 4096;
-    let mut live: VecDeque<u64> = VecDeque::with_capacity(WINDOW + 1);
-    let (mut next, mut ops) = ((top & !15) + 0x1000, 0u64);
-    // Relaxed: a stop request, polled.
-    while !stop.load(Ordering::Relaxed) {
-        map.entry(next).or_default().push(next);
-        live.push_back(next);
-        next += 16;
-        ops += 1;
-        if live.len() > WINDOW {
-            let a = live.pop_front().expect("non-empty");
-            map.remove(&a).expect("inserted above");
-            ops += 1;
-        }
-    }
-    black_box(map.len());
-    ops
-}
-
 /// Control: integer arithmetic in registers until stopped; returns 0 (no
 /// index operations).
 fn spin(stop: &AtomicBool) -> u64 {
@@ -326,24 +205,4 @@ fn spin(stop: &AtomicBool) -> u64 {
         x = black_box(x);
     }
     0
-}
-
-/// Adds a value to each hot address in turn and removes it again, at most
-/// `rate` operations per second.
-fn churn_hot(index: &AddrIndex<u64>, hot: &[u64], stop: &AtomicBool, rate: f64) -> u64 {
-    let t0 = Instant::now();
-    let mut ops = 0u64;
-    let mut k = 0;
-    // Relaxed: a stop request, polled.
-    while !stop.load(Ordering::Relaxed) {
-        let a = hot[k];
-        let id = index.insert(a, 7).expect("no limit");
-        index.remove(a, id).expect("inserted above");
-        ops += 2;
-        k = (k + 1) % hot.len();
-        while ops as f64 > rate * t0.elapsed().as_secs_f64() {
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        }
-    }
-    ops
 }

@@ -20,34 +20,16 @@
 //! * arc-swap: the writer clones the whole map per operation and swaps it
 //!   in (readers never wait; the writer is slow, so its rate is far lower).
 
-use std::collections::VecDeque;
-use std::hint::black_box;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
-
-use fprobe::AddrIndex;
-use hashbrown::DefaultHashBuilder;
+use std::sync::atomic::AtomicBool;
 
 use crate::Config;
 use crate::addrs::{self, Workload};
+use crate::churn::{Churned, Fprobe, churn_disjoint, churn_hot, phase};
 use crate::harness::{self, Samples};
-use crate::impls::{self, BATCH};
+use crate::impls::{self, BATCH, LookupImpl};
 use crate::report::{self, Row};
 
 type Vals = Vec<u64>;
-
-/// A map whose readers the benchmark measures and whose writer churns it.
-trait Churned: Sync {
-    /// Looks up every address of `addrs`, returns the sum of their values.
-    fn read(&self, addrs: &[u64]) -> u64;
-    /// Adds value `v` to `a` (creating the address); returns what
-    /// [`Churned::remove`] needs to remove exactly this value.
-    fn insert(&self, a: u64, v: u64) -> u64;
-    /// Removes the value `insert` returned `token` for; the address goes
-    /// when its last value does.
-    fn remove(&self, a: u64, token: u64);
-}
 
 /// `vals` without one occurrence of `v` (the last).
 fn without(vals: &[u64], v: u64) -> Vals {
@@ -57,35 +39,9 @@ fn without(vals: &[u64], v: u64) -> Vals {
     out
 }
 
-struct Fprobe(AddrIndex<u64>);
-
-impl Churned for Fprobe {
+impl Churned for impls::Papaya {
     fn read(&self, addrs: &[u64]) -> u64 {
-        let guard = fprobe::rcu::read_lock();
-        addrs
-            .iter()
-            .map(|&a| self.0.get(a, &guard).iter().sum::<u64>())
-            .sum()
-    }
-    fn insert(&self, a: u64, v: u64) -> u64 {
-        self.0.insert(a, v).expect("no limit").as_u64()
-    }
-    fn remove(&self, a: u64, token: u64) {
-        self.0
-            .remove(a, fprobe::EntryId::from_u64(token))
-            .expect("inserted above");
-    }
-}
-
-struct Papaya(papaya::HashMap<u64, Vals, DefaultHashBuilder>);
-
-impl Churned for Papaya {
-    fn read(&self, addrs: &[u64]) -> u64 {
-        let m = self.0.pin();
-        addrs
-            .iter()
-            .map(|a| m.get(a).map_or(0, |v| v.iter().sum::<u64>()))
-            .sum()
+        self.batch(addrs)
     }
     fn insert(&self, a: u64, v: u64) -> u64 {
         self.0.pin().update_or_insert_with(
@@ -109,18 +65,9 @@ impl Churned for Papaya {
     }
 }
 
-struct Scc(scc::HashIndex<u64, Vals, DefaultHashBuilder>);
-
-impl Churned for Scc {
+impl Churned for impls::Scc {
     fn read(&self, addrs: &[u64]) -> u64 {
-        addrs
-            .iter()
-            .map(|a| {
-                self.0
-                    .peek_with(a, |_, v| v.iter().sum::<u64>())
-                    .unwrap_or(0)
-            })
-            .sum()
+        self.batch(addrs)
     }
     fn insert(&self, a: u64, v: u64) -> u64 {
         match self.0.get(&a) {
@@ -144,14 +91,9 @@ impl Churned for Scc {
     }
 }
 
-struct Dash(dashmap::DashMap<u64, Vals, DefaultHashBuilder>);
-
-impl Churned for Dash {
+impl Churned for impls::Dash {
     fn read(&self, addrs: &[u64]) -> u64 {
-        addrs
-            .iter()
-            .map(|a| self.0.get(a).map_or(0, |v| v.iter().sum::<u64>()))
-            .sum()
+        self.batch(addrs)
     }
     fn insert(&self, a: u64, v: u64) -> u64 {
         self.0.entry(a).or_default().push(v);
@@ -166,14 +108,9 @@ impl Churned for Dash {
     }
 }
 
-struct RwLocked(parking_lot::RwLock<hashbrown::HashMap<u64, Vals>>);
-
-impl Churned for RwLocked {
+impl Churned for impls::RwLocked {
     fn read(&self, addrs: &[u64]) -> u64 {
-        addrs
-            .iter()
-            .map(|a| self.0.read().get(a).map_or(0, |v| v.iter().sum::<u64>()))
-            .sum()
+        self.batch(addrs)
     }
     fn insert(&self, a: u64, v: u64) -> u64 {
         self.0.write().entry(a).or_default().push(v);
@@ -190,14 +127,9 @@ impl Churned for RwLocked {
     }
 }
 
-struct Swap(arc_swap::ArcSwap<hashbrown::HashMap<u64, Vals>>);
-
-impl Churned for Swap {
+impl Churned for impls::Swap {
     fn read(&self, addrs: &[u64]) -> u64 {
-        addrs
-            .iter()
-            .map(|a| self.0.load().get(a).map_or(0, |v| v.iter().sum::<u64>()))
-            .sum()
+        self.batch(addrs)
     }
     fn insert(&self, a: u64, v: u64) -> u64 {
         self.0.rcu(|m| {
@@ -233,41 +165,18 @@ pub const NAMES: &[&str] = &[
 
 /// The maps, in report order, each built from `data`.
 fn build(data: &[(u64, Vals)]) -> Vec<(&'static str, Box<dyn Churned>)> {
-    let hb = || -> hashbrown::HashMap<u64, Vals> { data.iter().cloned().collect() };
-    let papaya = papaya::HashMap::with_hasher(DefaultHashBuilder::default());
-    {
-        let m = papaya.pin();
-        for (a, v) in data {
-            m.insert(*a, v.clone());
-        }
-    }
-    let scc = scc::HashIndex::with_hasher(DefaultHashBuilder::default());
-    for (a, v) in data {
-        scc.insert(*a, v.clone()).expect("distinct addresses");
-    }
-    let dash = dashmap::DashMap::with_hasher(DefaultHashBuilder::default());
-    for (a, v) in data {
-        dash.insert(*a, v.clone());
-    }
     vec![
         ("fprobe", Box::new(Fprobe(impls::fprobe_index(data)))),
-        ("papaya", Box::new(Papaya(papaya))),
-        ("scc", Box::new(Scc(scc))),
-        ("dashmap", Box::new(Dash(dash))),
-        (
-            "rwlock-hashbrown",
-            Box::new(RwLocked(parking_lot::RwLock::new(hb()))),
-        ),
-        (
-            "arc-swap",
-            Box::new(Swap(arc_swap::ArcSwap::new(Arc::new(hb())))),
-        ),
+        ("papaya", Box::new(impls::Papaya::new(data))),
+        ("scc", Box::new(impls::Scc::new(data))),
+        ("dashmap", Box::new(impls::Dash::new(data))),
+        ("rwlock-hashbrown", Box::new(impls::RwLocked::new(data))),
+        ("arc-swap", Box::new(impls::Swap::new(data))),
     ]
 }
 
 #[derive(Clone, Copy, PartialEq)]
 enum Writer {
-    Idle,
     Disjoint,
     HotSet,
 }
@@ -303,7 +212,9 @@ pub fn run(cfg: &Config) -> Vec<Row> {
         // stretch of the run, so a noisy minute hits them all.
         for round in 0..=cfg.rounds {
             for ((name, map), cell) in maps.iter().zip(&mut cells) {
-                let (s, _) = phase(cfg, map.as_ref(), stream, Writer::Idle, &hot, top);
+                let map = map.as_ref();
+                let read = |b: &[u64]| map.read(b);
+                let s = phase(cfg, stream, &read, None).0;
                 eprintln!(
                     "  churn-peers {variant:<8} {name:<16} round {}  writer idle      reader {:>8.2} M/s",
                     round + 1,
@@ -313,7 +224,11 @@ pub fn run(cfg: &Config) -> Vec<Row> {
                 if round == cfg.rounds {
                     continue; // idle phases bracket every churn phase
                 }
-                let (s, ops) = phase(cfg, map.as_ref(), stream, writer, &hot, top);
+                let write = |stop: &AtomicBool| match writer {
+                    Writer::Disjoint => churn_disjoint(&mut &*map, top, stop, f64::INFINITY),
+                    Writer::HotSet => churn_hot(&mut &*map, &hot, stop, f64::INFINITY),
+                };
+                let (s, ops) = phase(cfg, stream, &read, Some(&write));
                 eprintln!(
                     "  churn-peers {variant:<8} {name:<16} round {}  writer churning  reader {:>8.2} M/s, writer {:.3} M ops/s",
                     round + 1,
@@ -363,91 +278,4 @@ pub fn run(cfg: &Config) -> Vec<Row> {
         &body,
     );
     rows
-}
-
-/// One phase of `map`'s reader while `writer` runs on its own thread;
-/// returns the reader samples and the writer's operations per second.
-fn phase(
-    cfg: &Config,
-    map: &dyn Churned,
-    stream: &[u64],
-    writer: Writer,
-    hot: &[u64],
-    top: u64,
-) -> (Samples, f64) {
-    let stop_writer = AtomicBool::new(false);
-    let ops = AtomicU64::new(0);
-    let t0 = Instant::now();
-    let samples = std::thread::scope(|s| {
-        if writer != Writer::Idle {
-            let (stop_writer, ops) = (&stop_writer, &ops);
-            let cpu = cfg.cpus.get(1 % cfg.cpus.len().max(1)).copied();
-            s.spawn(move || {
-                if let Some(cpu) = cpu {
-                    harness::pin_to(cpu);
-                }
-                let n = match writer {
-                    Writer::Disjoint => churn_disjoint(map, top, stop_writer),
-                    Writer::HotSet => churn_hot(map, hot, stop_writer),
-                    Writer::Idle => unreachable!("no writer thread when idle"),
-                };
-                // Relaxed: read after the scope joins this thread.
-                ops.store(n, Ordering::Relaxed);
-            });
-        }
-        let samples = harness::run_producers(1, 0, &cfg.cpus, cfg.timing, |_, counter, stop| {
-            let mut pos = 0;
-            let mut acc = 0u64;
-            // Relaxed: polled once per batch.
-            while !stop.load(Ordering::Relaxed) {
-                acc = acc.wrapping_add(map.read(black_box(&stream[pos..pos + BATCH])));
-                counter.add(BATCH as u64);
-                pos = (pos + BATCH) % stream.len();
-            }
-            black_box(acc);
-        });
-        // Relaxed: the writer polls it; the scope joins it.
-        stop_writer.store(true, Ordering::Relaxed);
-        samples
-    });
-    (
-        samples,
-        ops.into_inner() as f64 / t0.elapsed().as_secs_f64(),
-    )
-}
-
-/// `--bench churn`'s `disjoint` writer, flat out, on any map.
-fn churn_disjoint(map: &dyn Churned, top: u64, stop: &AtomicBool) -> u64 {
-    const WINDOW: usize = 4096;
-    let mut live: VecDeque<(u64, u64)> = VecDeque::with_capacity(WINDOW + 1);
-    let (mut next, mut ops) = ((top & !15) + 0x1000, 0u64);
-    // Relaxed: a stop request, polled.
-    while !stop.load(Ordering::Relaxed) {
-        live.push_back((next, map.insert(next, next)));
-        next += 16;
-        ops += 1;
-        if live.len() > WINDOW {
-            let (a, token) = live.pop_front().expect("non-empty");
-            map.remove(a, token);
-            ops += 1;
-        }
-    }
-    for (a, token) in live {
-        map.remove(a, token);
-    }
-    ops
-}
-
-/// `--bench churn`'s `hot-set` writer, flat out, on any map.
-fn churn_hot(map: &dyn Churned, hot: &[u64], stop: &AtomicBool) -> u64 {
-    let (mut ops, mut k) = (0u64, 0);
-    // Relaxed: a stop request, polled.
-    while !stop.load(Ordering::Relaxed) {
-        let a = hot[k];
-        let token = map.insert(a, 7);
-        map.remove(a, token);
-        ops += 2;
-        k = (k + 1) % hot.len();
-    }
-    ops
 }

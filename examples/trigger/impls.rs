@@ -74,32 +74,11 @@ pub fn build(data: &[(u64, Vec<u64>)], keep: &dyn Fn(&str) -> bool) -> Vec<Impl>
             "hashbrown-ceiling" => Box::new(Ceiling(hb())),
             "fixed256" => Box::new(Fixed256::new(data)),
             "fixed256-array" => Box::new(Fixed256Array::new(data)),
-            "rwlock-hashbrown" => Box::new(RwLocked(parking_lot::RwLock::new(hb()))),
-            "dashmap" => {
-                let m = dashmap::DashMap::with_hasher(DefaultHashBuilder::default());
-                for (a, v) in data {
-                    m.insert(*a, v.clone());
-                }
-                Box::new(Dash(m))
-            }
-            "papaya" => {
-                let m = papaya::HashMap::with_hasher(DefaultHashBuilder::default());
-                {
-                    let pinned = m.pin();
-                    for (a, v) in data {
-                        pinned.insert(*a, v.clone());
-                    }
-                }
-                Box::new(Papaya(m))
-            }
-            "scc" => {
-                let m = scc::HashIndex::with_hasher(DefaultHashBuilder::default());
-                for (a, v) in data {
-                    let _ = m.insert(*a, v.clone());
-                }
-                Box::new(Scc(m))
-            }
-            "arc-swap" => Box::new(Swap(arc_swap::ArcSwap::new(Arc::new(hb())))),
+            "rwlock-hashbrown" => Box::new(RwLocked::new(data)),
+            "dashmap" => Box::new(Dash::new(data)),
+            "papaya" => Box::new(Papaya::new(data)),
+            "scc" => Box::new(Scc::new(data)),
+            "arc-swap" => Box::new(Swap::new(data)),
             _ => unreachable!("NAMES and build disagree on {name}"),
         };
         out.push(Impl { name, map });
@@ -155,7 +134,13 @@ impl LookupImpl for Ceiling {
     }
 }
 
-struct RwLocked(parking_lot::RwLock<hashbrown::HashMap<u64, Vec<u64>>>);
+pub struct RwLocked(pub parking_lot::RwLock<hashbrown::HashMap<u64, Vec<u64>>>);
+
+impl RwLocked {
+    pub fn new(data: &[(u64, Vec<u64>)]) -> Self {
+        RwLocked(parking_lot::RwLock::new(data.iter().cloned().collect()))
+    }
+}
 
 impl LookupImpl for RwLocked {
     #[inline(never)]
@@ -167,7 +152,17 @@ impl LookupImpl for RwLocked {
     }
 }
 
-struct Dash(dashmap::DashMap<u64, Vec<u64>, DefaultHashBuilder>);
+pub struct Dash(pub dashmap::DashMap<u64, Vec<u64>, DefaultHashBuilder>);
+
+impl Dash {
+    pub fn new(data: &[(u64, Vec<u64>)]) -> Self {
+        let m = dashmap::DashMap::with_hasher(DefaultHashBuilder::default());
+        for (a, v) in data {
+            m.insert(*a, v.clone());
+        }
+        Dash(m)
+    }
+}
 
 impl LookupImpl for Dash {
     #[inline(never)]
@@ -179,7 +174,20 @@ impl LookupImpl for Dash {
     }
 }
 
-struct Papaya(papaya::HashMap<u64, Vec<u64>, DefaultHashBuilder>);
+pub struct Papaya(pub papaya::HashMap<u64, Vec<u64>, DefaultHashBuilder>);
+
+impl Papaya {
+    pub fn new(data: &[(u64, Vec<u64>)]) -> Self {
+        let m = papaya::HashMap::with_hasher(DefaultHashBuilder::default());
+        {
+            let pinned = m.pin();
+            for (a, v) in data {
+                pinned.insert(*a, v.clone());
+            }
+        }
+        Papaya(m)
+    }
+}
 
 impl LookupImpl for Papaya {
     #[inline(never)]
@@ -191,7 +199,17 @@ impl LookupImpl for Papaya {
     }
 }
 
-struct Scc(scc::HashIndex<u64, Vec<u64>, DefaultHashBuilder>);
+pub struct Scc(pub scc::HashIndex<u64, Vec<u64>, DefaultHashBuilder>);
+
+impl Scc {
+    pub fn new(data: &[(u64, Vec<u64>)]) -> Self {
+        let m = scc::HashIndex::with_hasher(DefaultHashBuilder::default());
+        for (a, v) in data {
+            m.insert(*a, v.clone()).expect("distinct addresses");
+        }
+        Scc(m)
+    }
+}
 
 impl LookupImpl for Scc {
     #[inline(never)]
@@ -207,7 +225,15 @@ impl LookupImpl for Scc {
     }
 }
 
-struct Swap(arc_swap::ArcSwap<hashbrown::HashMap<u64, Vec<u64>>>);
+pub struct Swap(pub arc_swap::ArcSwap<hashbrown::HashMap<u64, Vec<u64>>>);
+
+impl Swap {
+    pub fn new(data: &[(u64, Vec<u64>)]) -> Self {
+        Swap(arc_swap::ArcSwap::new(Arc::new(
+            data.iter().cloned().collect(),
+        )))
+    }
+}
 
 impl LookupImpl for Swap {
     #[inline(never)]

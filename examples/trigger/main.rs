@@ -25,6 +25,7 @@ mod bench_lookup;
 mod bench_pools;
 mod bench_probe;
 mod bench_registration;
+mod churn;
 mod compare;
 mod dispatch;
 mod harness;
