@@ -163,18 +163,14 @@ pub fn run(cfg: &Config) -> Vec<Row> {
             ("fprobe, writer idle", &idle),
             ("fprobe, writer churning", &churn),
         ] {
-            rows.push(Row {
-                bench: "churn",
-                workload: variant.into(),
-                addrs: n,
-                imp: imp.into(),
-                threads: readers,
-                unit: "M/s",
-                mean: s.mean() / 1e6,
-                stddev: s.stddev() / 1e6,
-                median: s.median() / 1e6,
-                samples: s.rates.len(),
-            });
+            rows.push(Row::rate(
+                "churn",
+                variant.into(),
+                n,
+                imp.into(),
+                readers,
+                s,
+            ));
         }
     }
     report::print_table(

@@ -250,18 +250,14 @@ pub fn run(cfg: &Config) -> Vec<Row> {
                 format!("{ratio:.3}×"),
             ]);
             for (imp, s) in [("writer idle", idle), ("writer churning", churn)] {
-                rows.push(Row {
-                    bench: "churn-peers",
-                    workload: variant.into(),
-                    addrs: n,
-                    imp: format!("{name}, {imp}"),
-                    threads: 1,
-                    unit: "M/s",
-                    mean: s.mean() / 1e6,
-                    stddev: s.stddev() / 1e6,
-                    median: s.median() / 1e6,
-                    samples: s.rates.len(),
-                });
+                rows.push(Row::rate(
+                    "churn-peers",
+                    variant.into(),
+                    n,
+                    format!("{name}, {imp}"),
+                    1,
+                    s,
+                ));
             }
         }
     }

@@ -71,18 +71,14 @@ pub fn run(cfg: &Config, labels: &Labels<'_>, contenders: &[Contender<'_>]) -> V
                 .iter()
                 .find(|r| contenders[r.0].name == labels.reference && r.1 == *t)
                 .map(|r| r.2.median());
-            let row = Row {
-                bench: labels.bench,
-                workload: labels.workload.into(),
-                addrs: labels.addrs,
-                imp: c.name.into(),
-                threads: *t,
-                unit: "M/s",
-                mean: s.mean() / 1e6,
-                stddev: s.stddev() / 1e6,
-                median: s.median() / 1e6,
-                samples: s.rates.len(),
-            };
+            let row = Row::rate(
+                labels.bench,
+                labels.workload.into(),
+                labels.addrs,
+                c.name.into(),
+                *t,
+                s,
+            );
             body.push(vec![
                 c.name.to_string(),
                 t.to_string(),

@@ -24,6 +24,29 @@ pub struct Row {
 }
 
 impl Row {
+    /// A throughput row (M/s) from a cell's samples.
+    pub fn rate(
+        bench: &'static str,
+        workload: String,
+        addrs: usize,
+        imp: String,
+        threads: usize,
+        s: &crate::harness::Samples,
+    ) -> Row {
+        Row {
+            bench,
+            workload,
+            addrs,
+            imp,
+            threads,
+            unit: "M/s",
+            mean: s.mean() / 1e6,
+            stddev: s.stddev() / 1e6,
+            median: s.median() / 1e6,
+            samples: s.rates.len(),
+        }
+    }
+
     /// Per producer (throughput rows only).
     pub fn per_thread(&self) -> f64 {
         self.mean / self.threads as f64
