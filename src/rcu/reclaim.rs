@@ -394,7 +394,13 @@ fn steering_cpu() -> Option<usize> {
     std::thread_local! {
         static REAL_TIME: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     }
-    let rt = REAL_TIME.with(|c| *c.get().get_or_insert_with(affinity::real_time));
+    let rt = REAL_TIME.with(|c| {
+        c.get().unwrap_or_else(|| {
+            let rt = affinity::real_time();
+            c.set(Some(rt));
+            rt
+        })
+    });
     if rt { None } else { crate::cpu::current() }
 }
 
