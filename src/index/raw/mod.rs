@@ -235,19 +235,29 @@ struct ResizeState {
 }
 
 /// The index without its safe wrapper.
+///
+/// Layout (`repr(C)`, in 128-byte blocks, the pair of lines an adjacent-line
+/// prefetcher moves together): the root alone; then what every lookup and
+/// every write reads (`cache`, `config`, the stripes) with counters written
+/// once per table attached; then the `resize` lock alone, which writers
+/// take on every claim during a migration; then the address-limit counter
+/// alone. So no lock or hot counter shares a line with what readers read,
+/// and writers looking up their stripe do not meet the resize lock's line.
+#[repr(C)]
 pub(crate) struct RawIndex<V> {
     /// Invariant: never null; everything reachable from it (tables, their
     /// futures, live records) is freed only after a grace period that
     /// started after it was unlinked.
     root: CachePadded<AtomicPtr<Table>>,
+    /// The recent-hit cache, when configured; writers bump its generation.
+    ///
+    /// Boxed: the lookup's test for "no cache" is then one null check of a
+    /// pointer (an inline `Option<HitCache>` was a two-branch test of a niche
+    /// tag on every uncached lookup).
+    pub(crate) cache: Option<Box<crate::cache::HitCache>>,
+    config: Config,
     stripes: Box<[CachePadded<Stripe>]>,
     stripe_mask: usize,
-    resize: Mutex<ResizeState>,
-    /// Live addresses, counted here only when `max_addresses` is set: the
-    /// limit needs one count that a check-and-add can update atomically.
-    /// Without a limit the per-stripe counts are the only count, and
-    /// writers on different stripes share no counter.
-    limited_addrs: CachePadded<AtomicUsize>,
     resizes: AtomicU64,
     rehashes: AtomicU64,
     /// A rehash was asked for (`request_rehash`) and no table with a fresh
@@ -256,14 +266,13 @@ pub(crate) struct RawIndex<V> {
     /// dropped because a migration was running (or the lock was busy) would
     /// leave the cluster that caused it in every later table.
     rehash_pending: AtomicBool,
-    config: Config,
-    /// The recent-hit cache, when configured; writers bump its generation.
-    ///
-    /// Boxed: the lookup's test for "no cache" is then one null check of a
-    /// pointer (an inline `Option<HitCache>` was a two-branch test of a niche
-    /// tag on every uncached lookup).
-    pub(crate) cache: Option<Box<crate::cache::HitCache>>,
     _values: PhantomData<V>,
+    resize: CachePadded<Mutex<ResizeState>>,
+    /// Live addresses, counted here only when `max_addresses` is set: the
+    /// limit needs one count that a check-and-add can update atomically.
+    /// Without a limit the per-stripe counts are the only count, and
+    /// writers on different stripes share no counter.
+    limited_addrs: CachePadded<AtomicUsize>,
 }
 
 /// Statistics, assembled by `stats()`.
@@ -385,11 +394,11 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 })
                 .collect(),
             stripe_mask: stripes - 1,
-            resize: Mutex::new(ResizeState {
+            resize: CachePadded(Mutex::new(ResizeState {
                 cursor: 0,
                 budget: MIGRATE_CHUNK,
                 generation: 1,
-            }),
+            })),
             limited_addrs: CachePadded(AtomicUsize::new(0)),
             resizes: AtomicU64::new(0),
             rehashes: AtomicU64::new(0),
@@ -1751,5 +1760,29 @@ mod tests {
             // SAFETY: a read guard is held and `index` outlives it.
             assert_eq!(unsafe { index.get(k) }, [k], "key {k}");
         }
+    }
+}
+
+/// The layout promised in `RawIndex`'s docs.
+#[cfg(test)]
+mod layout {
+    use std::mem::offset_of;
+
+    #[test]
+    fn readers_and_stripe_lookups_share_no_line_pair_with_the_resize_lock() {
+        type R = super::RawIndex<u64>;
+        let pair = |offset: usize| offset / 128;
+        let read_by_lookups = [offset_of!(R, root), offset_of!(R, cache)];
+        let read_by_writers = [offset_of!(R, stripes), offset_of!(R, stripe_mask)];
+        for hot in [offset_of!(R, resize), offset_of!(R, limited_addrs)] {
+            for read in read_by_lookups.iter().chain(&read_by_writers) {
+                assert_ne!(pair(*read), pair(hot), "offsets {read} and {hot}");
+            }
+        }
+        assert_ne!(
+            pair(offset_of!(R, resize)),
+            pair(offset_of!(R, limited_addrs))
+        );
+        assert_ne!(pair(offset_of!(R, root)), pair(offset_of!(R, cache)));
     }
 }
