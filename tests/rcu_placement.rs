@@ -105,23 +105,28 @@ fn reclaimer_follows_the_retiring_cpu() {
 
     // The same stall with nobody waiting: a retirer that finds the queue's
     // oldest object 100 ms old sends the reclaimer home. The slow callback
-    // reports where it may run 600 ms in, before anyone calls `barrier`.
+    // reports where it may run 1.5 s in (the retirer's release comes at
+    // about 0.3 s; the margin is for a loaded machine), before anyone calls
+    // `barrier`.
     assert_eq!(reclaimer_reaches(cpus[0], &[cpus[0]]), [cpus[0]]);
     let (tx, rx) = mpsc::channel();
     let c = cpus[0];
     let seen = thread::spawn(move || {
         assert!(pin_to(c));
         rcu::call_rcu(move || {
-            thread::sleep(Duration::from_millis(600));
+            thread::sleep(Duration::from_millis(1500));
             tx.send(own_cpus()).expect("receiver alive");
         });
         // Wait until the reclaimer has taken that batch.
-        for _ in 0..1000 {
+        let mut taken = false;
+        for _ in 0..10_000 {
             if rcu::stats().pending == 0 {
+                taken = true;
                 break;
             }
             thread::sleep(Duration::from_millis(1));
         }
+        assert!(taken, "the reclaimer took the slow callback's batch");
         rcu::retire(Box::new(1u8)); // the new queue's oldest object
         thread::sleep(Duration::from_millis(300));
         rcu::retire(Box::new(2u8)); // length 2: checks its age
