@@ -485,7 +485,7 @@ impl HitCache {
             slot,
             generation: CachePadded(unmodelled::AtomicU64::new(0)),
             per_cpu: if config.per_cpu {
-                CpuSource::detect().map(|source| {
+                crate::cpu::source().map(|source| {
                     // CPU numbers up to the configured count (hot-plug
                     // included); a larger one wraps, which is only slower.
                     // SAFETY: no preconditions.

@@ -21,7 +21,7 @@ impl CpuSource {
     }
 
     /// The best source that works on this machine, or `None`.
-    pub(crate) fn detect() -> Option<CpuSource> {
+    fn detect() -> Option<CpuSource> {
         #[cfg(all(
             target_os = "linux",
             any(target_arch = "x86_64", target_arch = "aarch64"),
@@ -116,10 +116,14 @@ impl CpuSource {
     }
 }
 
-/// The CPU the calling thread runs on now, from the best source this
-/// machine has (detected once per process); `None` where no source works
-/// (miri, loom, other systems).
-pub(crate) fn current() -> Option<usize> {
+/// The best source this machine has, detected once per process; `None`
+/// where no source works (miri, loom, other systems).
+pub(crate) fn source() -> Option<CpuSource> {
     static SOURCE: std::sync::OnceLock<Option<CpuSource>> = std::sync::OnceLock::new();
-    (*SOURCE.get_or_init(CpuSource::detect))?.cpu()
+    *SOURCE.get_or_init(CpuSource::detect)
+}
+
+/// The CPU the calling thread runs on now, from [`source`].
+pub(crate) fn current() -> Option<usize> {
+    source()?.cpu()
 }

@@ -421,13 +421,15 @@ fn wait_reclaimed(st: &State, target: u64) {
     let mut g = lock(st);
     while g.reclaimed < target {
         st.work.notify_one();
-        let (before, gps) = (g.reclaimed, g.grace_periods);
+        // Every batch bumps `grace_periods` (and `reclaimed` with it, in the
+        // same critical section): unchanged means no progress.
+        let gps = g.grace_periods;
         let (next, timeout) = st
             .progress
             .wait_timeout(g, STALL)
             .unwrap_or_else(|e| e.into_inner());
         g = next;
-        if timeout.timed_out() && g.reclaimed == before && g.grace_periods == gps {
+        if timeout.timed_out() && g.grace_periods == gps {
             release_stalled(&mut g);
         }
     }
