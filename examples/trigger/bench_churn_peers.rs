@@ -24,7 +24,7 @@ use std::sync::atomic::AtomicBool;
 
 use crate::Config;
 use crate::addrs::{self, Workload};
-use crate::churn::{Churned, Fprobe, churn_disjoint, churn_hot, phase};
+use crate::churn::{Churned, Fprobe, Writes, churn_disjoint, churn_hot, phase};
 use crate::harness::{self, Samples};
 use crate::impls::{self, BATCH, LookupImpl};
 use crate::report::{self, Row};
@@ -113,17 +113,10 @@ impl Churned for impls::RwLocked {
         self.batch(addrs)
     }
     fn insert(&self, a: u64, v: u64) -> u64 {
-        self.0.write().entry(a).or_default().push(v);
-        v
+        Writes::insert(&mut *self.0.write(), a, v)
     }
     fn remove(&self, a: u64, v: u64) {
-        let mut m = self.0.write();
-        let vals = m.get_mut(&a).expect("inserted above");
-        let i = vals.iter().rposition(|&x| x == v).expect("value present");
-        vals.remove(i);
-        if vals.is_empty() {
-            m.remove(&a);
-        }
+        Writes::remove(&mut *self.0.write(), a, v)
     }
 }
 

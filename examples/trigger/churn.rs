@@ -27,7 +27,8 @@ pub trait Churned: Sync {
 }
 
 /// What a writer loop needs: a shared [`Churned`] map, or a map the writer
-/// owns (the private control of `--bench churn`).
+/// owns or holds locked (the private control of `--bench churn`, the
+/// `RwLock<hashbrown>` peer of `--bench churn-peers`).
 pub trait Writes {
     fn insert(&mut self, a: u64, v: u64) -> u64;
     fn remove(&mut self, a: u64, token: u64);
