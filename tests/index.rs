@@ -730,8 +730,27 @@ fn concurrent_stress() {
 
 #[test]
 fn readers_see_permanent_keys_through_resizes() {
-    // Keys inserted before the readers start are found on every lookup while
-    // a writer grows and shrinks the table around them.
+    permanent_keys_through_resizes(3000, true);
+}
+
+/// The same with tables of 2 MiB and more (256k to 512k slots, on huge
+/// pages where the kernel has them: `huge_pages` is on by default),
+/// grown by one-by-one inserts (incremental migration into mapped
+/// tables) and shrunk again: a reader that touched a table after its
+/// mapping was returned would fault.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "half a million slots per table are too slow under miri"
+)]
+fn readers_see_permanent_keys_through_huge_table_resizes() {
+    permanent_keys_through_resizes(150_000, false);
+}
+
+/// Keys inserted before the readers start are found on every lookup while
+/// a writer grows the table with `churn` more keys (in bulk or one by one)
+/// and shrinks it again by removing them.
+fn permanent_keys_through_resizes(churn: u64, bulk: bool) {
     let index = Arc::new(
         AddrIndex::builder()
             .min_capacity(8)
@@ -763,12 +782,19 @@ fn readers_see_permanent_keys_through_resizes() {
         })
         .collect();
     let t = Instant::now();
-    let mut cycles = 0;
-    while t.elapsed() < stress_duration() {
-        let ids = index
-            .insert_many((0..3000u64).map(|a| (1 << 40 | a, a)))
-            .unwrap();
-        for (a, id) in (0..3000u64).zip(ids) {
+    let (mut cycles, mut largest) = (0, 0);
+    while cycles == 0 || t.elapsed() < stress_duration() {
+        let ids: Vec<_> = if bulk {
+            index
+                .insert_many((0..churn).map(|a| (1 << 40 | a, a)))
+                .unwrap()
+        } else {
+            (0..churn)
+                .map(|a| index.insert(1 << 40 | a, a).unwrap())
+                .collect()
+        };
+        largest = largest.max(index.stats().capacity);
+        for (a, id) in (0..churn).zip(ids) {
             index.remove(1 << 40 | a, id).unwrap();
         }
         cycles += 1;
@@ -777,5 +803,13 @@ fn readers_see_permanent_keys_through_resizes() {
     for r in readers {
         assert!(r.join().unwrap() > 0);
     }
-    assert!(cycles > 0 && index.stats().resizes >= 1);
+    let s = index.stats();
+    assert!(s.resizes >= 1, "{s:?}");
+    assert!(
+        largest >= churn as usize * 2,
+        "largest table {largest} slots"
+    );
+    // Shrunk back below the churn: the large tables were retired (and
+    // freed after their grace periods) while the readers ran.
+    assert!(s.capacity < churn as usize, "{s:?}");
 }

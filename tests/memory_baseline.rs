@@ -71,6 +71,27 @@ fn live() -> isize {
     LIVE.load(Ordering::Relaxed)
 }
 
+/// Bytes of the mappings advised onto huge pages (`hg` in `VmFlags`): the
+/// index's tables of 2 MiB and more, which bypass the global allocator
+/// (`huge_pages`, on by default). Nothing else in this process advises
+/// memory so. `None` where `/proc/self/smaps` or transparent huge pages
+/// are missing.
+fn mapped_tables() -> Option<usize> {
+    std::fs::metadata("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let (mut total, mut size) = (0, 0);
+    for line in smaps.lines() {
+        if let Some(kb) = line.strip_prefix("Size:") {
+            size = kb.trim().trim_end_matches(" kB").parse::<usize>().ok()? << 10;
+        } else if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if flags.split_whitespace().any(|f| f == "hg") {
+                total += size;
+            }
+        }
+    }
+    Some(total)
+}
+
 /// Slack for allocations outside the crate's control that may come and go
 /// between two measurements (libtest's output capture, thread names).
 const SLACK: isize = 16 << 10;
@@ -97,6 +118,12 @@ fn index_round(index: &Arc<AddrIndex<Vec<u8>>>) -> isize {
         .insert_many((0..100_000u64).map(|i| (i % 50_000, vec![i as u8; 24])))
         .unwrap();
     let peak = live();
+    if let Some(mapped) = mapped_tables() {
+        assert!(
+            mapped >= 2 << 20,
+            "the 50k-address table is mapped: {mapped} B"
+        );
+    }
     for (i, id) in ids.drain(..).enumerate().step_by(2) {
         index.remove(i as u64 % 50_000, id).unwrap();
     }
@@ -155,10 +182,16 @@ fn memory_returns_to_baseline_after_clear_and_barrier() {
     index_round(&index);
     probe_round(&reg);
     let baseline = live();
+    let mapped_baseline = mapped_tables();
     for round in 0..3 {
         let peak = index_round(&index);
         let after = live();
         println!("index round {round}: baseline {baseline} B, peak {peak} B, after {after} B");
+        assert_eq!(
+            mapped_tables(),
+            mapped_baseline,
+            "index: mapped tables still live after clear() + rcu::barrier()"
+        );
         assert!(
             peak > baseline + (1 << 20),
             "the round allocated little: {peak}"

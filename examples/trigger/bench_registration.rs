@@ -38,6 +38,17 @@ const VARIANTS: &[Variant] = &[
         }
         finish(t, m)
     }),
+    ("fprobe insert, one by one (from empty, small pages)", |a| {
+        let t = Instant::now();
+        let m = AddrIndex::builder()
+            .huge_pages(false)
+            .build()
+            .expect("valid");
+        for &x in a {
+            m.insert(x, x).expect("no limit");
+        }
+        finish(t, m)
+    }),
     ("fprobe insert, one by one (presized)", |a| {
         let t = Instant::now();
         let m = AddrIndex::with_capacity(a.len());

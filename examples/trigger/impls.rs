@@ -36,6 +36,10 @@ pub const NAMES: &[(&str, &str)] = &[
         "fprobe::AddrIndex::lookup, one rcu::read_lock per lookup",
     ),
     (
+        "fprobe-small-pages",
+        "fprobe with huge_pages(false): its table on the global allocator's 4 KiB pages, like every peer's",
+    ),
+    (
         "hashbrown-ceiling",
         "unsynchronised read-only hashbrown::HashMap<u64, Vec<u64>>",
     ),
@@ -71,6 +75,10 @@ pub fn build(data: &[(u64, Vec<u64>)], keep: &dyn Fn(&str) -> bool) -> Vec<Impl>
         let map: Box<dyn LookupImpl> = match name {
             "fprobe" => Box::new(FprobeBatch(fprobe_index(data))),
             "fprobe-lock-per-lookup" => Box::new(FprobePerLookup(fprobe_index(data))),
+            "fprobe-small-pages" => Box::new(FprobeBatch(fprobe_index_with(
+                data,
+                AddrIndex::builder().huge_pages(false),
+            ))),
             "hashbrown-ceiling" => Box::new(Ceiling(hb())),
             "fixed256" => Box::new(Fixed256::new(data)),
             "fixed256-array" => Box::new(Fixed256Array::new(data)),
@@ -87,7 +95,15 @@ pub fn build(data: &[(u64, Vec<u64>)], keep: &dyn Fn(&str) -> bool) -> Vec<Impl>
 }
 
 pub fn fprobe_index(data: &[(u64, Vec<u64>)]) -> AddrIndex<u64> {
-    let index = AddrIndex::new();
+    fprobe_index_with(data, AddrIndex::builder())
+}
+
+/// [`fprobe_index`] built with `builder`'s settings.
+pub fn fprobe_index_with(
+    data: &[(u64, Vec<u64>)],
+    builder: fprobe::AddrIndexBuilder<u64>,
+) -> AddrIndex<u64> {
+    let index = builder.build().expect("valid settings");
     index
         .insert_many(
             data.iter()

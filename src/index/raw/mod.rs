@@ -79,6 +79,7 @@
 //! migration is running, by the next table attached: `rehash_pending`).
 
 pub(crate) mod record;
+mod slots;
 pub(crate) mod table;
 
 use std::marker::PhantomData;
@@ -133,6 +134,8 @@ pub(crate) struct Config {
     pub(crate) seed: u64,
     pub(crate) stripes: usize,
     pub(crate) hit_cache: Option<crate::cache::HitCacheConfig>,
+    /// Tables of 2 MiB and more on transparent huge pages (`slots.rs`).
+    pub(crate) huge_pages: bool,
 }
 
 /// Capacity (a power of two) that holds `addrs` keys at ≤ 50% load.
@@ -372,7 +375,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let cap = config.initial_capacity;
         let stripes = config.stripes;
         debug_assert!(stripes.is_power_of_two() && stripes <= 1 << STRIPE_ID_BITS);
-        let root = Table::new(cap, table_seed(config.seed, 0));
+        let root = Table::new(cap, table_seed(config.seed, 0), config.huge_pages);
         // Presized for the addresses to come: fault the table in now, once
         // per page, rather than twice per page under the inserts (read
         // first, then written: `Table::prefault`).
@@ -1276,7 +1279,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let old_cap = root.capacity();
         let mut capacity = capacity.max(old_cap / 64);
         let (new, stripes) = loop {
-            let new = Table::new(capacity, seed);
+            let new = Table::new(capacity, seed, self.config.huge_pages);
             let stripes = self.lock_all_stripes();
             // Exact under every stripe lock: writers change it under theirs.
             let live = self.live_addrs();
@@ -1429,6 +1432,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let fresh = Box::into_raw(Table::new(
             self.config.min_capacity,
             table_seed(self.config.seed, st.generation),
+            self.config.huge_pages,
         ));
         st.generation += 1;
         let stripes = self.lock_all_stripes();
@@ -1610,6 +1614,7 @@ mod tests {
             seed: 1,
             stripes: 1,
             hit_cache: None,
+            huge_pages: true,
         }
     }
 

@@ -51,6 +51,7 @@
 use std::ptr::{self, NonNull};
 
 use super::record::Header;
+use super::slots::SlotArray;
 use crate::sync::{AtomicPtr, AtomicU64, AtomicUsize, CachePadded, Ordering};
 
 /// Marks a slot whose values moved to the next table. Never dereferenced.
@@ -166,7 +167,7 @@ pub(crate) struct Table {
     /// probe sequence is the next one in memory, so the lookup's fast path
     /// reads `slots[i]` and `slots[i + 1]` with no wrap-around (two loads off
     /// one index, see [`Table::lookup`]).
-    slots: Box<[Slot]>,
+    slots: SlotArray,
     /// `capacity`: the index of the extra slot, where a probe wraps to 0.
     last: usize,
     /// `64 - log2(capacity)`: a hash's top bits are its home slot.
@@ -191,12 +192,13 @@ pub(crate) enum Probe<'t> {
 
 impl Table {
     /// A table of `capacity` (a power of two) home slots, all empty, and
-    /// the extra slot after them (`capacity + 1` slots in all).
-    pub(crate) fn new(capacity: usize, seed: u64) -> Box<Self> {
+    /// the extra slot after them (`capacity + 1` slots in all), on huge
+    /// pages when `huge` and the array is large enough (`slots.rs`).
+    pub(crate) fn new(capacity: usize, seed: u64, huge: bool) -> Box<Self> {
         // At least 2 slots: `shift` stays below 64.
         assert!(capacity.is_power_of_two() && capacity >= 2);
         Box::new(Self {
-            slots: zeroed_slots(capacity + 1),
+            slots: SlotArray::zeroed(capacity + 1, huge),
             last: capacity,
             shift: 64 - capacity.trailing_zeros(),
             hasher: Hasher::new(seed),
@@ -225,8 +227,9 @@ impl Table {
     /// and writable now, with one write fault each, by a no-op write to one
     /// slot in every 4 KiB of them. Values are unchanged; safe at any time.
     ///
-    /// Why: a large table comes from `alloc_zeroed`, which maps fresh pages
-    /// lazily. A writer's first access to a page is a read (`locate`, then
+    /// Why: a large table is fresh memory from the kernel (`alloc_zeroed`
+    /// above glibc's mmap threshold, or a mapping of its own: `slots.rs`),
+    /// mapped lazily. A writer's first access to a page is a read (`locate`, then
     /// the probe of `claim`), which maps the kernel's shared zero page, and
     /// its claim then takes a second fault to copy it: two faults per page,
     /// about 3.4 µs per page on the project's VM against 2.0 µs for a page
@@ -239,7 +242,11 @@ impl Table {
     /// when a bulk insert presizes a small index (work linear in the new
     /// table, inside the bulk insert's own linear work, under the resize
     /// lock: other writers that claimed wait for it, as for the migration
-    /// itself).
+    /// itself). On a table backed by huge pages the first write to each
+    /// 2 MiB block faults the whole block in (the kernel zeroes it), and
+    /// the writes to its other 4 KiB steps find it resident: the step that
+    /// reaches a block pays for all of it, a stall bounded by the page size
+    /// (`slots.rs`).
     pub(crate) fn prefault(&self, from: usize, to: usize) {
         #[cfg(not(loom))]
         {
@@ -603,29 +610,6 @@ fn write_in_place(slot: &Slot) {
         .compare_exchange(0, 0, Ordering::Relaxed, Ordering::Relaxed);
 }
 
-/// `n` empty slots. Through `alloc_zeroed` (calloc: fresh pages come from
-/// the kernel already zero, so a large table costs no O(n) write up front);
-/// all-zero bits are a valid empty `Slot`.
-#[cfg(not(loom))]
-fn zeroed_slots(n: usize) -> Box<[Slot]> {
-    let layout = std::alloc::Layout::array::<Slot>(n).expect("table size overflow");
-    // SAFETY: `n > 0` (capacity is a power of two), so the layout is
-    // non-zero-sized.
-    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<Slot>();
-    if p.is_null() {
-        std::alloc::handle_alloc_error(layout);
-    }
-    // SAFETY: `p` points to `n` zeroed `Slot`s (an AtomicU64 and an
-    // AtomicPtr, both valid as all-zero), allocated with the global
-    // allocator with `Layout::array::<Slot>(n)`, as `Box<[Slot]>` expects.
-    unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(p, n)) }
-}
-
-#[cfg(loom)]
-fn zeroed_slots(n: usize) -> Box<[Slot]> {
-    (0..n).map(|_| Slot::default()).collect()
-}
-
 #[cfg(all(test, loom))]
 mod loom_tests {
     //! loom models of the slot protocol: migration (claim in the new table,
@@ -656,8 +640,8 @@ mod loom_tests {
     fn migration_never_hides_a_live_key() {
         loom::model(|| {
             let t = Arc::new(Tables {
-                old: Table::new(4, 1),
-                new: Table::new(8, 2),
+                old: Table::new(4, 1, false),
+                new: Table::new(8, 2, false),
                 stripe: Mutex::new(()),
             });
             let r1 = rec(1);
@@ -722,7 +706,7 @@ mod loom_tests {
     fn lookup_pair_never_returns_the_neighbours_record() {
         for home in [1, 3] {
             loom::model(move || {
-                let t = Arc::new(Table::new(4, 9));
+                let t = Arc::new(Table::new(4, 9, false));
                 let mut same_home = (1u64..).filter(|&k| t.home(k) == home);
                 let (k1, k2) = (same_home.next().unwrap(), same_home.next().unwrap());
                 let (r1, r2) = (rec(1), rec(2));
@@ -787,7 +771,7 @@ mod tests {
     #[cfg(all(target_os = "linux", target_arch = "x86_64", not(miri)))]
     #[test]
     fn prefault_leaves_no_fault_for_the_claims() {
-        let t = Table::new(1 << 22, 7);
+        let t = Table::new(1 << 22, 7, false);
         let pages = t.slot_count() * std::mem::size_of::<Slot>() / 4096;
         let f0 = minor_faults();
         t.prefault(0, t.slot_count());
@@ -817,7 +801,7 @@ mod tests {
     /// scan agree on it.
     #[test]
     fn probe_sequences_wrap_through_the_extra_slot() {
-        let t = Table::new(8, 0x5eed);
+        let t = Table::new(8, 0x5eed, false);
         assert_eq!(t.slot_count(), 9);
         let last_home = keys_with_home(&t, 7, 3);
         let zero_home = keys_with_home(&t, 0, 1)[0];

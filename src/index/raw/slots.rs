@@ -1,0 +1,297 @@
+//! The memory of a table's slot array: the global allocator, or, for a
+//! large table on Linux, an anonymous mapping backed by transparent huge
+//! pages.
+//!
+//! # Why huge pages
+//!
+//! A table is one array that every lookup indexes at random. At 4 KiB per
+//! page a table of 2 MiB spans 512 pages and one of 32 MiB (a million
+//! addresses) 8,192, more than a core's second-level TLB holds, so a cold
+//! lookup can pay a page walk on top of its cache misses. On 2 MiB pages
+//! the same tables need 1 and 16 TLB entries.
+//!
+//! Growth pays for the pages too. Every table a growth attaches is fresh
+//! memory from the kernel, faulted in page by page as the migration
+//! reaches it (`Table::prefault`); on the project's VM a 4 KiB fault costs
+//! about 2 µs and a 2 MiB one about 90 µs, 5 to 6 times less per byte
+//! (BENCHMARKS.md, "Registration").
+//!
+//! # What is mapped
+//!
+//! Arrays of at least [`HUGE`] bytes, when the index's `huge_pages`
+//! setting is on (the default): `mmap` of the array rounded up to 4 KiB,
+//! placed at a 2 MiB boundary (a mapping 2 MiB larger, trimmed at both
+//! ends), and `madvise(MADV_HUGEPAGE)` on its whole 2 MiB blocks only: the
+//! tail that does not fill a block stays on 4 KiB pages, so no table holds
+//! more than it uses (a 2 MiB + 16 B array takes one huge page and one
+//! small one, not two huge ones). The kernel zero-fills the pages, as
+//! `alloc_zeroed` guarantees for the heap path.
+//!
+//! Whether the kernel then uses huge pages is its choice:
+//! `/sys/kernel/mm/transparent_hugepage/enabled` must be `always` or
+//! `madvise`, and a fault that finds no free 2 MiB block may compact memory
+//! first (`defrag`), or fall back to 4 KiB pages. Everything here is
+//! correct either way. A failed `madvise` is ignored; a failed `mmap` falls
+//! back to the global allocator.
+//!
+//! Costs, written down: the first write to each 2 MiB block zeroes the
+//! whole block (about 90 µs here), on whichever insert's migration step
+//! (or presizing build) reaches it first: bounded by the page size, not
+//! the table's; and a mapping is returned with `munmap` when the table is
+//! freed (after a grace period, on the RCU's reclaimer), as glibc does for
+//! any allocation above its mmap threshold. An index built with
+//! `huge_pages(false)` keeps every table on the global allocator.
+//!
+//! Under miri and loom, and on other systems, every array comes from the
+//! global allocator (loom: from model atomics).
+
+use std::ops::Deref;
+use std::ptr::NonNull;
+
+use super::table::Slot;
+
+/// Smallest array placed on huge pages: one 2 MiB page (x86-64's and
+/// most Linux targets' huge page size; where it is larger, `madvise` covers
+/// no whole block and the mapping keeps small pages).
+#[cfg(all(target_os = "linux", not(miri), not(loom)))]
+pub(crate) const HUGE: usize = 2 << 20;
+
+/// A table's slots, zeroed (empty) when made.
+pub(crate) struct SlotArray {
+    ptr: NonNull<Slot>,
+    len: usize,
+    /// The mapping's length in bytes when the array is mapped (freed with
+    /// `munmap`), or 0 when it came from the global allocator.
+    #[cfg(all(target_os = "linux", not(miri), not(loom)))]
+    mapped: usize,
+    #[cfg(loom)]
+    _model: Box<[Slot]>,
+}
+
+// SAFETY: the array owns its slots (atomics, `Send + Sync`); the pointer is
+// never shared outside `&self` borrows.
+unsafe impl Send for SlotArray {}
+// SAFETY: as above: `&SlotArray` gives out `&[Slot]`, and slots are atomics.
+unsafe impl Sync for SlotArray {}
+
+impl SlotArray {
+    /// `n > 0` empty slots, on huge pages when `huge` and the array is
+    /// large enough (module docs).
+    #[cfg(not(loom))]
+    pub(crate) fn zeroed(n: usize, huge: bool) -> Self {
+        assert!(n > 0);
+        let layout = std::alloc::Layout::array::<Slot>(n).expect("table size overflow");
+        #[cfg(all(target_os = "linux", not(miri)))]
+        if huge && layout.size() >= HUGE {
+            if let Some((ptr, mapped)) = map_huge(layout.size()) {
+                return Self {
+                    ptr: ptr.cast(),
+                    len: n,
+                    mapped,
+                };
+            }
+        }
+        let _ = huge;
+        // SAFETY: `n > 0`, so the layout is non-zero-sized.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<Slot>();
+        let Some(ptr) = NonNull::new(p) else {
+            std::alloc::handle_alloc_error(layout);
+        };
+        Self {
+            ptr,
+            len: n,
+            #[cfg(all(target_os = "linux", not(miri)))]
+            mapped: 0,
+        }
+    }
+
+    /// `n > 0` empty model slots.
+    #[cfg(loom)]
+    pub(crate) fn zeroed(n: usize, _huge: bool) -> Self {
+        assert!(n > 0);
+        let mut model: Box<[Slot]> = (0..n).map(|_| Slot::default()).collect();
+        Self {
+            ptr: NonNull::new(model.as_mut_ptr()).expect("boxed slice pointer"),
+            len: n,
+            _model: model,
+        }
+    }
+
+    /// Whether the array is an anonymous mapping advised onto huge pages
+    /// (not whether the kernel granted them).
+    #[cfg(test)]
+    pub(crate) fn is_mapped(&self) -> bool {
+        #[cfg(all(target_os = "linux", not(miri), not(loom)))]
+        {
+            self.mapped != 0
+        }
+        #[cfg(not(all(target_os = "linux", not(miri), not(loom))))]
+        {
+            false
+        }
+    }
+}
+
+impl Deref for SlotArray {
+    type Target = [Slot];
+
+    #[inline(always)]
+    fn deref(&self) -> &[Slot] {
+        // SAFETY: `ptr` points to `len` initialised slots (zeroed: a valid
+        // empty `Slot`), owned by `self` and freed only in `drop`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for SlotArray {
+    fn drop(&mut self) {
+        #[cfg(not(loom))]
+        {
+            #[cfg(all(target_os = "linux", not(miri)))]
+            if self.mapped != 0 {
+                // SAFETY: `ptr..ptr + mapped` is the mapping `map_huge`
+                // made and nothing else unmapped; no reference into it
+                // outlives `self` (slots are borrowed from `&self`).
+                let rc = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
+                debug_assert_eq!(rc, 0, "munmap of a table");
+                return;
+            }
+            let layout = std::alloc::Layout::array::<Slot>(self.len).expect("allocated above");
+            // SAFETY: allocated in `zeroed` by the global allocator with
+            // this layout; slots need no drop.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr().cast(), layout) };
+        }
+        // Under loom `_model` owns the slots and drops them.
+    }
+}
+
+/// Maps `bytes` of zeroed memory at a [`HUGE`] boundary and advises its
+/// whole huge blocks onto huge pages. Returns the start and the mapping's
+/// length (`bytes` rounded up to 4 KiB), or `None` when `mmap` fails.
+#[cfg(all(target_os = "linux", not(miri), not(loom)))]
+fn map_huge(bytes: usize) -> Option<(NonNull<u8>, usize)> {
+    const PAGE: usize = 4096;
+    let len = bytes.checked_next_multiple_of(PAGE)?;
+    let span = len.checked_add(HUGE)?;
+    // SAFETY: an anonymous private mapping at an address the kernel picks:
+    // no existing memory is affected.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            span,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return None;
+    }
+    let base = raw as usize;
+    let start = base.next_multiple_of(HUGE);
+    let head = start - base;
+    let tail = span - head - len;
+    // SAFETY: both ranges lie inside the mapping just made (page-aligned:
+    // `base`, `start` and `len` are multiples of 4 KiB) and are not used.
+    unsafe {
+        if head > 0 {
+            libc::munmap(raw, head);
+        }
+        if tail > 0 {
+            libc::munmap((start + len) as *mut libc::c_void, tail);
+        }
+    }
+    let advised = bytes / HUGE * HUGE;
+    // SAFETY: `start..start + advised` lies in the mapping. `madvise` only
+    // changes how the kernel backs it; failure (no THP support) is harmless.
+    unsafe { libc::madvise(start as *mut libc::c_void, advised, libc::MADV_HUGEPAGE) };
+    // SAFETY: `start` is inside a successful mapping, hence non-null.
+    Some((unsafe { NonNull::new_unchecked(start as *mut u8) }, len))
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::sync::Ordering;
+
+    const SLOT: usize = std::mem::size_of::<Slot>();
+
+    /// Every slot reads empty, and the first and last take writes.
+    fn check_zeroed_and_writable(a: &SlotArray, n: usize) {
+        assert_eq!(a.len(), n);
+        assert!(a.iter().all(|s| s.key.load(Ordering::Relaxed) == 0));
+        for i in [0, n / 2, n - 1] {
+            a[i].key.store(i as u64 + 1, Ordering::Relaxed);
+            assert_eq!(a[i].key.load(Ordering::Relaxed), i as u64 + 1);
+        }
+    }
+
+    /// Arrays of a whole huge page and more are mapped at a 2 MiB
+    /// boundary, tail included; smaller ones, and any with the setting
+    /// off, come from the global allocator.
+    #[test]
+    fn large_arrays_are_mapped_at_huge_page_boundaries() {
+        let n = (2 << 20) / SLOT + 1; // one huge block and a 16-byte tail
+        let a = SlotArray::zeroed(n, true);
+        check_zeroed_and_writable(&a, n);
+        if cfg!(all(target_os = "linux", not(miri))) {
+            assert!(a.is_mapped());
+            assert_eq!(a.as_ptr() as usize % (2 << 20), 0);
+        }
+        for (n, huge) in [(n, false), ((2 << 20) / SLOT - 1, true), (9, true)] {
+            let a = SlotArray::zeroed(n, huge);
+            assert!(!a.is_mapped(), "{n} slots, huge {huge}");
+            check_zeroed_and_writable(&a, n);
+        }
+    }
+
+    /// A mapped table's huge blocks carry the `MADV_HUGEPAGE` advice
+    /// (`hg` in its `VmFlags`) wherever the kernel has transparent huge
+    /// pages. Whether they are then backed by huge pages is reported, not
+    /// asserted: a kernel that finds no free 2 MiB block falls back to small
+    /// pages, which is correct too.
+    #[cfg(all(target_os = "linux", not(miri)))]
+    #[test]
+    fn mapped_arrays_are_advised_onto_huge_pages() {
+        let n = (4 << 20) / SLOT + 1;
+        let a = SlotArray::zeroed(n, true);
+        for i in (0..n).step_by(4096 / SLOT) {
+            a[i].key.store(1, Ordering::Relaxed);
+        }
+        let start = a.as_ptr() as usize;
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+        let mut in_range = false;
+        let (mut huge_kb, mut flags) = (None, None);
+        for line in smaps.lines() {
+            // A mapping's first line: `lo-hi perms offset dev inode path`.
+            let range = line.split_once(' ').and_then(|(r, _)| r.split_once('-'));
+            if let Some((Ok(lo), Ok(hi))) =
+                range.map(|(lo, hi)| (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)))
+            {
+                in_range = (lo..hi).contains(&start);
+                continue;
+            }
+            if in_range {
+                if let Some(kb) = line.strip_prefix("AnonHugePages:") {
+                    huge_kb = kb.trim().trim_end_matches(" kB").parse::<usize>().ok();
+                }
+                if let Some(f) = line.strip_prefix("VmFlags:") {
+                    flags = Some(f.split_whitespace().any(|f| f == "hg"));
+                }
+            }
+        }
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
+        println!(
+            "THP {:?}: {huge_kb:?} kB of the table on huge pages, advised {flags:?}",
+            thp.as_deref().map(str::trim)
+        );
+        if thp.is_ok() && !smaps.is_empty() {
+            assert_eq!(
+                flags,
+                Some(true),
+                "the table's mapping carries MADV_HUGEPAGE"
+            );
+        }
+    }
+}
