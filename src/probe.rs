@@ -360,6 +360,7 @@ pub struct RegistryBuilder<C> {
     max_depth: usize,
     capacity: usize,
     hit_cache: Option<crate::HitCacheConfig>,
+    huge_pages: bool,
     _ctx: std::marker::PhantomData<fn(&C)>,
 }
 
@@ -402,6 +403,14 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
         self
     }
 
+    /// Whether the address index puts tables of 2 MiB and more on
+    /// transparent huge pages (default on; see
+    /// [`AddrIndexBuilder::huge_pages`](crate::AddrIndexBuilder::huge_pages)).
+    pub fn huge_pages(mut self, on: bool) -> Self {
+        self.huge_pages = on;
+        self
+    }
+
     /// Builds the registry.
     ///
     /// # Errors
@@ -422,7 +431,9 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
         Ok(Registry {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             index: {
-                let b = AddrIndex::builder().capacity(self.capacity);
+                let b = AddrIndex::builder()
+                    .capacity(self.capacity)
+                    .huge_pages(self.huge_pages);
                 match self.hit_cache {
                     Some(c) => b.hit_cache(c),
                     None => b,
@@ -519,6 +530,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             max_depth: 64,
             capacity: 0,
             hit_cache: None,
+            huge_pages: true,
             _ctx: std::marker::PhantomData,
         }
     }

@@ -34,6 +34,12 @@
 //! later writes; readers follow the chain. The algorithm and its invariants
 //! are documented in the (private) `raw` module.
 //!
+//! Tables of 2 MiB and more (about 50,000 addresses and up) are mapped on
+//! their own, at a 2 MiB boundary, and advised onto transparent huge pages
+//! on Linux: a lookup into a table of a million addresses then needs one
+//! TLB entry per 2 MiB instead of per 4 KiB. See
+//! [`AddrIndexBuilder::huge_pages`] for the trade-offs and the way out.
+//!
 //! Hand-written rather than built on papaya, scc, dashmap or arc-swap: their
 //! read sides cost an atomic read-modify-write or a `SeqCst` fence per
 //! lookup, a lock, or a full-table copy per write (`BENCHMARKS.md` has the

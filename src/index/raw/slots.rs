@@ -12,9 +12,9 @@
 //!
 //! Growth pays for the pages too. Every table a growth attaches is fresh
 //! memory from the kernel, faulted in page by page as the migration
-//! reaches it (`Table::prefault`); on the project's VM a 4 KiB fault costs
-//! about 2 µs and a 2 MiB one about 90 µs, 5 to 6 times less per byte
-//! (BENCHMARKS.md, "Registration").
+//! reaches it (`Table::prefault`); on the project's VM 2 MiB cost about
+//! 1 ms to fault in as 512 small pages (1.9 to 2.4 µs each) and 150 to
+//! 190 µs as one huge page (BENCHMARKS.md, "Huge pages").
 //!
 //! # What is mapped
 //!
@@ -35,11 +35,14 @@
 //! back to the global allocator.
 //!
 //! Costs, written down: the first write to each 2 MiB block zeroes the
-//! whole block (about 90 µs here), on whichever insert's migration step
+//! whole block (150 to 190 µs here), on whichever insert's migration step
 //! (or presizing build) reaches it first: bounded by the page size, not
 //! the table's; and a mapping is returned with `munmap` when the table is
 //! freed (after a grace period, on the RCU's reclaimer), as glibc does for
-//! any allocation above its mmap threshold. An index built with
+//! any allocation above its mmap threshold. And a table is fresh memory
+//! every time: where a process builds and drops indexes over and over, a
+//! warm heap can hand back pages that are already resident, and the
+//! mapping does not (BENCHMARKS.md measures both). An index built with
 //! `huge_pages(false)` keeps every table on the global allocator.
 //!
 //! Under miri and loom, and on other systems, every array comes from the
