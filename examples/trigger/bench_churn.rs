@@ -9,6 +9,11 @@
 //! * `hot-set`: hot readers (90% on 64 addresses); the writer adds a value
 //!   to a hot address and removes it again, round-robin over the hot set,
 //!   so the records the readers hit are replaced (copy-on-write) under them.
+//! * `disjoint, small pages`: `disjoint` on an index built with
+//!   `huge_pages(false)`, whose tables come from the global allocator (the
+//!   writer's tombstones make the index rebuild its table many times a
+//!   second, and each rebuild maps and unmaps a table of 2 MiB or more
+//!   when huge pages are on).
 //! * `… 10k ops/s`: the same writer paced to 10,000 operations a second (a
 //!   busy attach/detach rate rather than a flood).
 //! * Three controls whose writer shares no memory with the reader's index,
@@ -38,6 +43,8 @@ use crate::report::{self, Row};
 #[derive(Clone, Copy, PartialEq)]
 enum Writer {
     Disjoint,
+    /// `Disjoint` on the index with `huge_pages(false)`.
+    DisjointSmallPages,
     /// `Disjoint` capped at [`PACED_OPS`] operations per second.
     DisjointPaced,
     HotSet,
@@ -70,6 +77,10 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     let data = addrs::handlers(&set.addrs, cfg.seed);
     let index = Fprobe(impls::fprobe_index(&data));
     let other = Fprobe(impls::fprobe_index(&data));
+    let small = Fprobe(impls::fprobe_index_with(
+        &data,
+        fprobe::AddrIndex::builder().huge_pages(false),
+    ));
     let private: hashbrown::HashMap<u64, Vec<u64>> = data.iter().cloned().collect();
     let hot = addrs::hot_set(&set.addrs, cfg.seed);
     let top = *set.addrs.last().expect("non-empty set");
@@ -77,6 +88,11 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     let mut body = Vec::new();
     for (variant, workload, writer) in [
         ("disjoint", Workload::Uniform, Writer::Disjoint),
+        (
+            "disjoint, small pages",
+            Workload::Uniform,
+            Writer::DisjointSmallPages,
+        ),
         (
             "disjoint, 10k ops/s",
             Workload::Uniform,
@@ -93,9 +109,16 @@ pub fn run(cfg: &Config) -> Vec<Row> {
         ("control: hashbrown", Workload::Uniform, Writer::Hashbrown),
     ] {
         let stream = &addrs::streams(&set.addrs, workload, readers, BATCH, cfg.seed)[0];
-        let read = |b: &[u64]| index.read(b);
+        let read = |b: &[u64]| {
+            if writer == Writer::DisjointSmallPages {
+                small.read(b)
+            } else {
+                index.read(b)
+            }
+        };
         let write = |stop: &AtomicBool| match writer {
             Writer::Disjoint => churn_disjoint(&mut &index, top, stop, f64::INFINITY),
+            Writer::DisjointSmallPages => churn_disjoint(&mut &small, top, stop, f64::INFINITY),
             Writer::DisjointPaced => churn_disjoint(&mut &index, top, stop, PACED_OPS),
             Writer::HotSet => churn_hot(&mut &index, &hot, stop, f64::INFINITY),
             Writer::HotSetPaced => churn_hot(&mut &index, &hot, stop, PACED_OPS),
@@ -110,10 +133,10 @@ pub fn run(cfg: &Config) -> Vec<Row> {
             Vec::new(),
             Vec::new(),
         );
-        let written = if writer == Writer::OtherIndex {
-            &other
-        } else {
-            &index
+        let written = match writer {
+            Writer::OtherIndex => &other,
+            Writer::DisjointSmallPages => &small,
+            _ => &index,
         };
         for round in 0..=cfg.rounds {
             let s = phase(cfg, stream, &read, None);
