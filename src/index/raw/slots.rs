@@ -19,10 +19,10 @@
 //! # What is mapped
 //!
 //! Arrays of at least [`HUGE`] bytes, when the index's `huge_pages`
-//! setting is on (the default): `mmap` of the array rounded up to 4 KiB,
+//! setting is on (the default): `mmap` of the array rounded up to a page,
 //! placed at a 2 MiB boundary (a mapping 2 MiB larger, trimmed at both
 //! ends), and `madvise(MADV_HUGEPAGE)` on its whole 2 MiB blocks only: the
-//! tail that does not fill a block stays on 4 KiB pages, so no table holds
+//! tail that does not fill a block stays on small pages, so no table holds
 //! more than it uses (a 2 MiB + 16 B array takes one huge page and one
 //! small one, not two huge ones). The kernel zero-fills the pages, as
 //! `alloc_zeroed` guarantees for the heap path.
@@ -170,11 +170,20 @@ impl Drop for SlotArray {
 
 /// Maps `bytes` of zeroed memory at a [`HUGE`] boundary and advises its
 /// whole huge blocks onto huge pages. Returns the start and the mapping's
-/// length (`bytes` rounded up to 4 KiB), or `None` when `mmap` fails.
+/// length (`bytes` rounded up to the page size), or `None` when `mmap`
+/// fails or the page size is not a power of two dividing [`HUGE`] (then
+/// the caller uses the global allocator).
 #[cfg(all(target_os = "linux", not(miri), not(loom)))]
 fn map_huge(bytes: usize) -> Option<(NonNull<u8>, usize)> {
-    const PAGE: usize = 4096;
-    let len = bytes.checked_next_multiple_of(PAGE)?;
+    // The real page size (4 KiB on x86-64; 16 or 64 KiB on some arm64
+    // kernels): `munmap` needs page-aligned starts, so the trimmed ends and
+    // the length kept for `Drop` are multiples of it.
+    // SAFETY: `sysconf` reads a system constant.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
+    if !page.is_power_of_two() || page > HUGE {
+        return None;
+    }
+    let len = bytes.checked_next_multiple_of(page)?;
     let span = len.checked_add(HUGE)?;
     // SAFETY: an anonymous private mapping at an address the kernel picks:
     // no existing memory is affected.
@@ -196,7 +205,8 @@ fn map_huge(bytes: usize) -> Option<(NonNull<u8>, usize)> {
     let head = start - base;
     let tail = span - head - len;
     // SAFETY: both ranges lie inside the mapping just made (page-aligned:
-    // `base`, `start` and `len` are multiples of 4 KiB) and are not used.
+    // `base` is, and `start` and `len` are multiples of the page size) and
+    // are not used.
     unsafe {
         if head > 0 {
             libc::munmap(raw, head);
