@@ -10,7 +10,10 @@
 # Two parts, each at 1,2,4,8,16 producers, 300 ms samples (1 warm-up + 4
 # kept per cell), every implementation:
 #
-# lookup: uniform and hot, 50k and 1M addresses. Budget: 10 implementations
+# lookup: uniform and hot, 50k and 1M addresses, the ten implementations
+#   of `lookups` below (every one but the fprobe-small-pages control, which
+#   would not fit the time cap; 2-core figures for it are in BENCHMARKS.md,
+#   "Huge pages"). Budget: 10 implementations
 #   x 5 thread counts x 2 workloads x 1.5 s = 150 s of sampling per size,
 #   300 s for both, plus setup (building 10 maps of 1M addresses, streams):
 #   about 6 minutes; each run is capped at 230 s.
@@ -36,6 +39,7 @@ echo "== machine"; nproc; lscpu | grep -E 'Model name|^CPU\(s\)|NUMA node\(s\)|T
 ms=300
 [[ ${DEVICE_BENCH_SMOKE:-0} = 1 ]] && ms=20
 parts=${DEVICE_BENCH_PARTS:-lookup,probes}
+lookups=fprobe,fprobe-lock-per-lookup,hashbrown-ceiling,fixed256,fixed256-array,rwlock-hashbrown,dashmap,papaya,scc,arc-swap
 timing=(--threads 1,2,4,8,16 --sample-ms $ms --duration-ms $((ms * 4)) --rounds 1)
 rc=0
 if [[ ,$parts, = *,lookup,* ]]; then
@@ -43,7 +47,7 @@ if [[ ,$parts, = *,lookup,* ]]; then
         src=elf
         [[ $n -gt 100000 ]] && src=synthetic   # few ELFs have 1M function symbols
         echo "== lookup, $n addresses ($src)"
-        timeout 230 "$bin" --bench lookup "${timing[@]}" --workload uniform,hot \
+        timeout 230 "$bin" --bench lookup --impls "$lookups" "${timing[@]}" --workload uniform,hot \
             --addrs "$n" --addrs-source "$src" \
             --csv "$out/lookup-$n.csv" --svg "$out/lookup-$n.svg" || rc=$?
     done
