@@ -143,12 +143,12 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
         self
     }
 
-    /// Place tables of 2 MiB and more (about 50,000 addresses and up) on
-    /// transparent huge pages, on Linux: each is an anonymous mapping at a
-    /// 2 MiB boundary with `madvise(MADV_HUGEPAGE)` on its whole 2 MiB
-    /// blocks. Lookups then take fewer TLB misses, and growth faults a new
-    /// table in 2 MiB at a time instead of 4 KiB (BENCHMARKS.md,
-    /// "Huge pages"). The kernel decides whether huge pages are used
+    /// Place tables of 2 MiB and more (131,072 slots: from about 33,000
+    /// addresses up) on transparent huge pages, on Linux: each is an
+    /// anonymous mapping at a 2 MiB boundary with `madvise(MADV_HUGEPAGE)`
+    /// on its whole 2 MiB blocks. Lookups then take fewer TLB misses, and
+    /// growth faults a new table in 2 MiB at a time instead of 4 KiB
+    /// (BENCHMARKS.md, "Huge pages"). The kernel decides whether huge pages are used
     /// (`/sys/kernel/mm/transparent_hugepage/enabled` must not be `never`);
     /// with its `defrag` setting at `madvise` or `always`, a fault may
     /// compact memory first, a latency some deployments avoid: turn this
