@@ -1,7 +1,10 @@
 //! `--bench churn`: throughput of fprobe readers while one writer thread
 //! continuously inserts and removes, as a ratio to the same readers with no
 //! writer. Phases alternate idle, churn, idle, … on the same index and the
-//! same reader streams; the ratio is of the pooled medians.
+//! same reader streams; the ratio is of the pooled medians. The rounds go
+//! round-robin over the variants (round 1 of every variant, then round 2,
+//! …), so that the shared machine's slow stretches of a few seconds fall
+//! on all variants alike, not on whichever ran its rounds then.
 //!
 //! Variants:
 //! * `disjoint`: uniform readers over the address set; the writer churns a
@@ -84,9 +87,7 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     let private: hashbrown::HashMap<u64, Vec<u64>> = data.iter().cloned().collect();
     let hot = addrs::hot_set(&set.addrs, cfg.seed);
     let top = *set.addrs.last().expect("non-empty set");
-    let mut rows = Vec::new();
-    let mut body = Vec::new();
-    for (variant, workload, writer) in [
+    let variants = [
         ("disjoint", Workload::Uniform, Writer::Disjoint),
         (
             "disjoint, small pages",
@@ -107,47 +108,60 @@ pub fn run(cfg: &Config) -> Vec<Row> {
             Writer::OtherIndex,
         ),
         ("control: hashbrown", Workload::Uniform, Writer::Hashbrown),
-    ] {
-        let stream = &addrs::streams(&set.addrs, workload, readers, BATCH, cfg.seed)[0];
-        let read = |b: &[u64]| {
-            if writer == Writer::DisjointSmallPages {
-                small.read(b)
+    ];
+    let stream_of = |w| addrs::streams(&set.addrs, w, readers, BATCH, cfg.seed).swap_remove(0);
+    let (uniform, hot_stream) = (stream_of(Workload::Uniform), stream_of(Workload::Hot));
+    /// One variant's phases, pooled over the rounds.
+    #[derive(Default)]
+    struct Pooled {
+        idle: Samples,
+        churn: Samples,
+        writes: Vec<f64>,
+        gps: Vec<f64>,
+        tables: Vec<f64>,
+    }
+    let mut pooled: Vec<Pooled> = variants.iter().map(|_| Pooled::default()).collect();
+    // Round-robin: every round runs each variant's idle and churn phases in
+    // turn, so a slow stretch of the shared machine lands on every variant
+    // alike instead of on whichever ran its rounds then.
+    for round in 0..=cfg.rounds {
+        for (&(variant, workload, writer), p) in variants.iter().zip(&mut pooled) {
+            let stream = if workload == Workload::Hot {
+                &hot_stream
             } else {
-                index.read(b)
-            }
-        };
-        let write = |stop: &AtomicBool| match writer {
-            Writer::Disjoint => churn_disjoint(&mut &index, top, stop, f64::INFINITY),
-            Writer::DisjointSmallPages => churn_disjoint(&mut &small, top, stop, f64::INFINITY),
-            Writer::DisjointPaced => churn_disjoint(&mut &index, top, stop, PACED_OPS),
-            Writer::HotSet => churn_hot(&mut &index, &hot, stop, f64::INFINITY),
-            Writer::HotSetPaced => churn_hot(&mut &index, &hot, stop, PACED_OPS),
-            Writer::OtherIndex => churn_disjoint(&mut &other, top, stop, f64::INFINITY),
-            Writer::Hashbrown => churn_disjoint(&mut private.clone(), top, stop, f64::INFINITY),
-            Writer::Spin => spin(stop),
-        };
-        let (mut idle, mut churn, mut writes, mut gps, mut tables) = (
-            Samples::default(),
-            Samples::default(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-        );
-        let written = match writer {
-            Writer::OtherIndex => &other,
-            Writer::DisjointSmallPages => &small,
-            _ => &index,
-        };
-        for round in 0..=cfg.rounds {
+                &uniform
+            };
+            let read = |b: &[u64]| {
+                if writer == Writer::DisjointSmallPages {
+                    small.read(b)
+                } else {
+                    index.read(b)
+                }
+            };
+            let write = |stop: &AtomicBool| match writer {
+                Writer::Disjoint => churn_disjoint(&mut &index, top, stop, f64::INFINITY),
+                Writer::DisjointSmallPages => churn_disjoint(&mut &small, top, stop, f64::INFINITY),
+                Writer::DisjointPaced => churn_disjoint(&mut &index, top, stop, PACED_OPS),
+                Writer::HotSet => churn_hot(&mut &index, &hot, stop, f64::INFINITY),
+                Writer::HotSetPaced => churn_hot(&mut &index, &hot, stop, PACED_OPS),
+                Writer::OtherIndex => churn_disjoint(&mut &other, top, stop, f64::INFINITY),
+                Writer::Hashbrown => churn_disjoint(&mut private.clone(), top, stop, f64::INFINITY),
+                Writer::Spin => spin(stop),
+            };
+            let written = match writer {
+                Writer::OtherIndex => &other,
+                Writer::DisjointSmallPages => &small,
+                _ => &index,
+            };
             let s = phase(cfg, stream, &read, None);
             eprintln!(
                 "  churn {variant:<8} round {}  writer idle      reader {:>8.2} M/s",
                 round + 1,
                 s.0.median() / 1e6
             );
-            idle.extend(s.0);
+            p.idle.extend(s.0);
             if round == cfg.rounds {
-                break; // idle phases bracket every churn phase
+                continue; // idle phases bracket every churn phase
             }
             let (gp0, rs0, t0) = (
                 rcu::stats().reclaim_grace_periods,
@@ -164,27 +178,35 @@ pub fn run(cfg: &Config) -> Vec<Row> {
                 s.0.median() / 1e6,
                 s.1 / 1e6
             );
-            gps.push(gp);
-            tables.push(rs);
-            churn.extend(s.0);
-            writes.push(s.1);
+            p.gps.push(gp);
+            p.tables.push(rs);
+            p.churn.extend(s.0);
+            p.writes.push(s.1);
         }
-        let ratio = churn.median() / idle.median();
+    }
+    let mut rows = Vec::new();
+    let mut body = Vec::new();
+    for (&(variant, _, _), p) in variants.iter().zip(&pooled) {
+        let ratio = p.churn.median() / p.idle.median();
         body.push(vec![
             variant.to_string(),
-            format!("{:.2} ± {:.2}", idle.mean() / 1e6, idle.stddev() / 1e6),
-            format!("{:.2} ± {:.2}", churn.mean() / 1e6, churn.stddev() / 1e6),
-            format!("{:.3}", harness::median(&writes) / 1e6),
-            format!("{:.0}", harness::median(&gps)),
-            format!("{:.0}", harness::median(&tables)),
+            format!("{:.2} ± {:.2}", p.idle.mean() / 1e6, p.idle.stddev() / 1e6),
+            format!(
+                "{:.2} ± {:.2}",
+                p.churn.mean() / 1e6,
+                p.churn.stddev() / 1e6
+            ),
+            format!("{:.3}", harness::median(&p.writes) / 1e6),
+            format!("{:.0}", harness::median(&p.gps)),
+            format!("{:.0}", harness::median(&p.tables)),
             format!(
                 "{ratio:.3}× {}",
                 if ratio >= 0.9 { "met" } else { "**missed**" }
             ),
         ]);
         for (imp, s) in [
-            ("fprobe, writer idle", &idle),
-            ("fprobe, writer churning", &churn),
+            ("fprobe, writer idle", &p.idle),
+            ("fprobe, writer churning", &p.churn),
         ] {
             rows.push(Row::rate(
                 "churn",
