@@ -131,27 +131,28 @@ pub fn run(cfg: &Config) -> Vec<Row> {
             } else {
                 &uniform
             };
-            let read = |b: &[u64]| {
-                if writer == Writer::DisjointSmallPages {
-                    small.read(b)
-                } else {
-                    index.read(b)
-                }
+            // The index the reader reads, and the one the writer writes
+            // (another index for the `other index` control).
+            let read_from = if writer == Writer::DisjointSmallPages {
+                &small
+            } else {
+                &index
             };
+            let written = if writer == Writer::OtherIndex {
+                &other
+            } else {
+                read_from
+            };
+            let read = |b: &[u64]| read_from.read(b);
             let write = |stop: &AtomicBool| match writer {
-                Writer::Disjoint => churn_disjoint(&mut &index, top, stop, f64::INFINITY),
-                Writer::DisjointSmallPages => churn_disjoint(&mut &small, top, stop, f64::INFINITY),
-                Writer::DisjointPaced => churn_disjoint(&mut &index, top, stop, PACED_OPS),
-                Writer::HotSet => churn_hot(&mut &index, &hot, stop, f64::INFINITY),
-                Writer::HotSetPaced => churn_hot(&mut &index, &hot, stop, PACED_OPS),
-                Writer::OtherIndex => churn_disjoint(&mut &other, top, stop, f64::INFINITY),
+                Writer::Disjoint | Writer::DisjointSmallPages | Writer::OtherIndex => {
+                    churn_disjoint(&mut &*written, top, stop, f64::INFINITY)
+                }
+                Writer::DisjointPaced => churn_disjoint(&mut &*written, top, stop, PACED_OPS),
+                Writer::HotSet => churn_hot(&mut &*written, &hot, stop, f64::INFINITY),
+                Writer::HotSetPaced => churn_hot(&mut &*written, &hot, stop, PACED_OPS),
                 Writer::Hashbrown => churn_disjoint(&mut private.clone(), top, stop, f64::INFINITY),
                 Writer::Spin => spin(stop),
-            };
-            let written = match writer {
-                Writer::OtherIndex => &other,
-                Writer::DisjointSmallPages => &small,
-                _ => &index,
             };
             let s = phase(cfg, stream, &read, None);
             eprintln!(
