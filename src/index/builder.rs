@@ -148,8 +148,9 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
     /// anonymous mapping at a 2 MiB boundary with `madvise(MADV_HUGEPAGE)`
     /// on its whole 2 MiB blocks. Lookups then take fewer TLB misses, and
     /// growth faults a new table in 2 MiB at a time instead of 4 KiB
-    /// (BENCHMARKS.md, "Huge pages"). The kernel decides whether huge pages are used
-    /// (`/sys/kernel/mm/transparent_hugepage/enabled` must not be `never`);
+    /// (BENCHMARKS.md, "Huge pages"). The kernel decides whether huge
+    /// pages are used (`/sys/kernel/mm/transparent_hugepage/enabled` must
+    /// not be `never`);
     /// with its `defrag` setting at `madvise` or `always`, a fault may
     /// compact memory first, a latency some deployments avoid: turn this
     /// off there, and every table comes from the global allocator.

@@ -36,8 +36,8 @@
 //!
 //! Tables of 2 MiB and more (131,072 slots: from about 33,000 addresses
 //! up) are mapped on their own, at a 2 MiB boundary, and advised onto
-//! transparent huge pages on Linux: a lookup into a table of a million addresses then needs one
-//! TLB entry per 2 MiB instead of per 4 KiB. See
+//! transparent huge pages on Linux: a lookup into a table of a million
+//! addresses then needs one TLB entry per 2 MiB instead of per 4 KiB. See
 //! [`AddrIndexBuilder::huge_pages`] for the trade-offs and the way out.
 //!
 //! Hand-written rather than built on papaya, scc, dashmap or arc-swap: their

@@ -39,9 +39,10 @@
 //! (or presizing build) reaches it first: bounded by the page size, not
 //! the table's, as long as the kernel finds a free 2 MiB block (with
 //! `defrag` at `madvise`, the default, a fault that finds none compacts
-//! memory first, which takes as long as it takes); and a mapping is returned with `munmap` when the table is
-//! freed (after a grace period, on the RCU's reclaimer), as glibc does for
-//! any allocation above its mmap threshold. And a table is fresh memory
+//! memory first, which takes as long as it takes); and a mapping is
+//! returned with `munmap` when the table is freed (after a grace period,
+//! on the RCU's reclaimer), as glibc does for any allocation above its
+//! mmap threshold. And a table is fresh memory
 //! every time: where a process builds and drops indexes over and over, a
 //! warm heap can hand back pages that are already resident, and the
 //! mapping does not (BENCHMARKS.md measures both). An index built with
@@ -60,7 +61,7 @@ use super::table::Slot;
 /// most Linux targets' huge page size; where it is larger, `madvise` covers
 /// no whole block and the mapping keeps small pages).
 #[cfg(all(target_os = "linux", not(miri), not(loom)))]
-pub(crate) const HUGE: usize = 2 << 20;
+const HUGE: usize = 2 << 20;
 
 /// A table's slots, zeroed (empty) when made.
 #[cfg(not(loom))]
