@@ -19,13 +19,21 @@
 //!   for;
 //! * arc-swap: the writer clones the whole map per operation and swaps it
 //!   in (readers never wait; the writer is slow, so its rate is far lower).
+//!
+//! The ratio depends on how fast each map's writer runs, so the table also
+//! gives the reader time lost per write, `(1 − churn ÷ idle) / writes per
+//! second`, and splits the phases by the round trip between the two CPUs,
+//! as `--bench churn` does (near / far). Where the ratio is close to 0 (the
+//! locked maps) the figure only restates the writer's rate.
 
 use std::sync::atomic::AtomicBool;
 
 use crate::Config;
 use crate::addrs::{self, Workload};
-use crate::churn::{Churned, Fprobe, Writes, churn_disjoint, churn_hot, phase};
-use crate::harness::{self, Samples};
+use crate::churn::{
+    Churned, Fprobe, Pooled, SUMMARY_HEADERS, Writes, churn_disjoint, churn_hot, churning, idle,
+    near_cutoff, or_dash, summary_cells,
+};
 use crate::impls::{self, BATCH, LookupImpl};
 use crate::report::{self, Row};
 
@@ -197,23 +205,20 @@ pub fn run(cfg: &Config) -> Vec<Row> {
         ("hot-set", Workload::Hot, Writer::HotSet),
     ] {
         let stream = &addrs::streams(&set.addrs, workload, 1, BATCH, cfg.seed)[0];
-        let mut cells: Vec<(Samples, Samples, Vec<f64>)> = maps
-            .iter()
-            .map(|_| (Samples::default(), Samples::default(), Vec::new()))
-            .collect();
+        let mut cells: Vec<Pooled> = maps.iter().map(|_| Pooled::default()).collect();
         // Rounds outermost: every map's phases are spread over the same
         // stretch of the run, so a noisy minute hits them all.
         for round in 0..=cfg.rounds {
             for ((name, map), cell) in maps.iter().zip(&mut cells) {
                 let map = map.as_ref();
                 let read = |b: &[u64]| map.read(b);
-                let s = phase(cfg, stream, &read, None).0;
+                let s = idle(cfg, stream, &read);
                 eprintln!(
                     "  churn-peers {variant:<8} {name:<16} round {}  writer idle      reader {:>8.2} M/s",
                     round + 1,
                     s.median() / 1e6
                 );
-                cell.0.extend(s);
+                cell.idle.extend(s);
                 if round == cfg.rounds {
                     continue; // idle phases bracket every churn phase
                 }
@@ -221,28 +226,34 @@ pub fn run(cfg: &Config) -> Vec<Row> {
                     Writer::Disjoint => churn_disjoint(&mut &*map, top, stop, f64::INFINITY),
                     Writer::HotSet => churn_hot(&mut &*map, &hot, stop, f64::INFINITY),
                 };
-                let (s, ops) = phase(cfg, stream, &read, Some(&write));
+                let c = churning(cfg, stream, &read, &write);
                 eprintln!(
-                    "  churn-peers {variant:<8} {name:<16} round {}  writer churning  reader {:>8.2} M/s, writer {:.3} M ops/s",
+                    "  churn-peers {variant:<8} {name:<16} round {}  writer churning  reader {:>8.2} M/s, writer {:.3} M ops/s, round trip {} ns",
                     round + 1,
-                    s.median() / 1e6,
-                    ops / 1e6
+                    c.samples.median() / 1e6,
+                    c.writes / 1e6,
+                    or_dash(c.round_trip, 0)
                 );
-                cell.1.extend(s);
-                cell.2.push(ops);
+                cell.churn.push(c);
             }
         }
-        for ((name, _), (idle, churn, ops)) in maps.iter().zip(&cells) {
-            let ratio = churn.median() / idle.median();
-            body.push(vec![
+        let cutoff = near_cutoff(&cells);
+        for ((name, _), p) in maps.iter().zip(&cells) {
+            let churned = p.churned();
+            let mut row = vec![
                 variant.to_string(),
                 name.to_string(),
-                format!("{:.2} ± {:.2}", idle.mean() / 1e6, idle.stddev() / 1e6),
-                format!("{:.2} ± {:.2}", churn.mean() / 1e6, churn.stddev() / 1e6),
-                format!("{:.4}", harness::median(ops) / 1e6),
-                format!("{ratio:.3}×"),
-            ]);
-            for (imp, s) in [("writer idle", idle), ("writer churning", churn)] {
+                format!("{:.2} ± {:.2}", p.idle.mean() / 1e6, p.idle.stddev() / 1e6),
+                format!(
+                    "{:.2} ± {:.2}",
+                    churned.mean() / 1e6,
+                    churned.stddev() / 1e6
+                ),
+                format!("{:.4}", p.writes() / 1e6),
+            ];
+            row.extend(summary_cells(p, cutoff, None));
+            body.push(row);
+            for (imp, s) in [("writer idle", &p.idle), ("writer churning", &churned)] {
                 rows.push(Row::rate(
                     "churn-peers",
                     variant.into(),
@@ -262,7 +273,11 @@ pub fn run(cfg: &Config) -> Vec<Row> {
             "reader M/s, writer idle",
             "reader M/s, writer churning",
             "writer M ops/s",
-            "churn ÷ idle (medians)",
+            SUMMARY_HEADERS[0],
+            SUMMARY_HEADERS[1],
+            SUMMARY_HEADERS[2],
+            SUMMARY_HEADERS[3],
+            SUMMARY_HEADERS[4],
         ],
         &body,
     );

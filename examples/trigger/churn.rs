@@ -136,7 +136,7 @@ fn pace(ops: u64, rate: f64, t0: Instant) {
 /// measured by the sampler on the first CPU, while `writer` (if any) runs on
 /// its own thread on the next CPU until the sampler is done. Returns the
 /// reader's samples and the writer's operations per second.
-pub fn phase(
+fn phase(
     cfg: &Config,
     stream: &[u64],
     read: &(dyn Fn(&[u64]) -> u64 + Sync),
@@ -176,4 +176,264 @@ pub fn phase(
         samples,
         ops.into_inner() as f64 / t0.elapsed().as_secs_f64(),
     )
+}
+
+/// The reader with the writer idle: its samples.
+pub fn idle(cfg: &Config, stream: &[u64], read: &(dyn Fn(&[u64]) -> u64 + Sync)) -> Samples {
+    phase(cfg, stream, read, None).0
+}
+
+/// One churning phase as measured.
+pub struct Churning {
+    /// The reader's samples.
+    pub samples: Samples,
+    /// The writer's operations per second.
+    pub writes: f64,
+    /// Core-to-core round trip between the reader's and the writer's CPUs,
+    /// in ns: the larger of the one measured just before the phase and the
+    /// one just after it ([`round_trip_ns`]); `None` without two CPUs.
+    pub round_trip: Option<f64>,
+}
+
+/// The reader while `writer` runs, with the round trip measured around it.
+pub fn churning(
+    cfg: &Config,
+    stream: &[u64],
+    read: &(dyn Fn(&[u64]) -> u64 + Sync),
+    writer: &(dyn Fn(&AtomicBool) -> u64 + Sync),
+) -> Churning {
+    let before = round_trip_ns(&cfg.cpus);
+    let (samples, writes) = phase(cfg, stream, read, Some(writer));
+    let after = round_trip_ns(&cfg.cpus);
+    Churning {
+        samples,
+        writes,
+        round_trip: before.zip(after).map(|(b, a)| b.max(a)),
+    }
+}
+
+/// Round trips timed by [`round_trip_ns`] (after as many again unrecorded):
+/// 1.3 ms at 65 ns a round trip, 6.6 ms at 330.
+const ROUND_TRIPS: u64 = 20_000;
+
+/// Time for one cache line to go from the reader's CPU (`cpus[0]`) to the
+/// writer's (`cpus[1]`) and back, in ns: two threads pinned there take turns
+/// to store to one line, each waiting to see the other's store. `None` with
+/// fewer than two CPUs or if either thread cannot be pinned.
+///
+/// A reader pays about half of it for each line the writer changed under it.
+/// On the project's VM it is not a constant: 40–80 ns most of the time and
+/// about 330 ns for stretches of seconds, when the host places the two vCPUs
+/// far apart. Every line the writer and the reader share costs that much
+/// more then, so the churn benchmarks record it per phase.
+pub fn round_trip_ns(cpus: &[usize]) -> Option<f64> {
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+    let (&a, &b) = (cpus.first()?, cpus.get(1)?);
+    let line = Line(AtomicU64::new(0));
+    let pinned = [AtomicBool::new(false), AtomicBool::new(false)];
+    let start = std::sync::Barrier::new(2);
+    let total = 2 * ROUND_TRIPS;
+    // Both threads pin themselves, meet at the barrier, and go on only if
+    // both were pinned (Relaxed: the barrier orders the flags).
+    let ready = |me: usize, cpu: usize| {
+        pinned[me].store(harness::pin_to(cpu), Ordering::Relaxed);
+        start.wait();
+        pinned.iter().all(|p| p.load(Ordering::Relaxed))
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            if !ready(1, b) {
+                return;
+            }
+            // Acquire/Release: a hand-off between two threads; the ordering is
+            // not what is measured, the line's trip is.
+            for i in 0..total {
+                while line.0.load(Ordering::Acquire) != 2 * i + 1 {
+                    std::hint::spin_loop();
+                }
+                line.0.store(2 * i + 2, Ordering::Release);
+            }
+        });
+        s.spawn(|| {
+            if !ready(0, a) {
+                return None;
+            }
+            let mut t0 = Instant::now();
+            for i in 0..total {
+                if i == ROUND_TRIPS {
+                    t0 = Instant::now();
+                }
+                // Acquire/Release: as in the echo loop.
+                line.0.store(2 * i + 1, Ordering::Release);
+                while line.0.load(Ordering::Acquire) != 2 * i + 2 {
+                    std::hint::spin_loop();
+                }
+            }
+            Some(t0.elapsed().as_nanos() as f64 / ROUND_TRIPS as f64)
+        })
+        .join()
+        .expect("timing thread")
+    })
+}
+
+/// A variant's (or a map's) phases, pooled over the rounds.
+#[derive(Default)]
+pub struct Pooled {
+    pub idle: Samples,
+    pub churn: Vec<Churning>,
+}
+
+/// How far apart the reader's and the writer's CPUs were in a churning
+/// phase (see [`near_cutoff`]).
+#[derive(Clone, Copy, PartialEq)]
+pub enum Placement {
+    Near,
+    Far,
+}
+
+impl Pooled {
+    fn placement(c: &Churning, cutoff: Option<f64>) -> Placement {
+        match (c.round_trip, cutoff) {
+            (Some(rt), Some(cut)) if rt > cut => Placement::Far,
+            _ => Placement::Near,
+        }
+    }
+
+    /// The churning phases' samples pooled, all of them or only those of
+    /// one placement.
+    fn churn_samples(&self, only: Option<(Placement, Option<f64>)>) -> Samples {
+        let mut out = Samples::default();
+        for c in &self.churn {
+            if only.is_none_or(|(p, cut)| Self::placement(c, cut) == p) {
+                out.extend(c.samples.clone());
+            }
+        }
+        out
+    }
+
+    /// The churning samples of every phase.
+    pub fn churned(&self) -> Samples {
+        self.churn_samples(None)
+    }
+
+    /// Churn ÷ idle: the medians of the pooled samples.
+    pub fn ratio(&self) -> f64 {
+        self.churned().median() / self.idle.median()
+    }
+
+    /// Churn ÷ idle over the phases of `placement` only, and how many they
+    /// are (the ratio is NaN when there are none).
+    pub fn ratio_at(&self, placement: Placement, cutoff: Option<f64>) -> (f64, usize) {
+        let n = self
+            .churn
+            .iter()
+            .filter(|c| Self::placement(c, cutoff) == placement)
+            .count();
+        let s = self.churn_samples(Some((placement, cutoff)));
+        (s.median() / self.idle.median(), n)
+    }
+
+    /// The writer's operations per second, median over the phases.
+    pub fn writes(&self) -> f64 {
+        harness::median(&self.churn.iter().map(|c| c.writes).collect::<Vec<_>>())
+    }
+
+    /// The round trip, median over the phases that measured one.
+    pub fn round_trip(&self) -> Option<f64> {
+        let rts: Vec<f64> = self.churn.iter().filter_map(|c| c.round_trip).collect();
+        (!rts.is_empty()).then(|| harness::median(&rts))
+    }
+
+    /// Reader time lost per write, in ns, median over the phases of
+    /// `placement`: `(1 − churn ÷ idle) / writes per second` for each phase.
+    /// `None` when there are no such phases or the writer ran below half a
+    /// million operations a second, where the ratio's noise of a few percent
+    /// divided by the small rate would swamp the figure (at 10,000 ops/s, 1%
+    /// reads as 1,000 ns a write).
+    pub fn lost_per_write(&self, placement: Placement, cutoff: Option<f64>) -> Option<f64> {
+        let idle = self.idle.median();
+        let per_phase: Vec<f64> = self
+            .churn
+            .iter()
+            .filter(|c| Self::placement(c, cutoff) == placement && c.writes >= 0.5e6)
+            .map(|c| (1.0 - c.samples.median() / idle) / c.writes * 1e9)
+            .collect();
+        (!per_phase.is_empty()).then(|| harness::median(&per_phase))
+    }
+}
+
+/// The round trip above which a churning phase counts as [`Placement::Far`]:
+/// three times the lowest round trip measured in the run (`None` when no
+/// phase measured one). On the project's VM that separates the 40–80 ns
+/// placements from the 330 ns one; a run that never left one placement
+/// counts every phase as near.
+pub fn near_cutoff<'a>(pools: impl IntoIterator<Item = &'a Pooled>) -> Option<f64> {
+    pools
+        .into_iter()
+        .flat_map(|p| p.churn.iter().filter_map(|c| c.round_trip))
+        .min_by(f64::total_cmp)
+        .map(|lowest| 3.0 * lowest)
+}
+
+/// `x` with `digits` decimals, or "—" for `None`/NaN.
+pub fn or_dash(x: Option<f64>, digits: usize) -> String {
+    match x {
+        Some(v) if v.is_finite() => format!("{v:.digits$}"),
+        _ => "—".into(),
+    }
+}
+
+/// Headers of the cells [`summary_cells`] makes.
+pub const SUMMARY_HEADERS: [&str; 5] = [
+    "round trip ns, median (far phases)",
+    "churn ÷ idle, all phases",
+    "churn ÷ idle, near phases",
+    "churn ÷ idle, far phases",
+    "reader ns lost per write, near / far",
+];
+
+/// The placement-aware cells of one variant's row: round trip, the ratio
+/// over all phases and over each placement (with a verdict against
+/// `target` where one is given), and the reader time lost per write.
+pub fn summary_cells(p: &Pooled, cutoff: Option<f64>, target: Option<f64>) -> Vec<String> {
+    let verdict = |r: f64| match target {
+        Some(t) if r.is_finite() => {
+            if r >= t {
+                " met"
+            } else {
+                " **missed**"
+            }
+        }
+        _ => "",
+    };
+    let far = p
+        .churn
+        .iter()
+        .filter(|c| Pooled::placement(c, cutoff) == Placement::Far)
+        .count();
+    let ratio = p.ratio();
+    let at = |pl| {
+        let (r, n) = p.ratio_at(pl, cutoff);
+        if n == 0 {
+            "— (0)".to_string()
+        } else {
+            format!("{r:.3}×{} ({n})", verdict(r))
+        }
+    };
+    vec![
+        format!(
+            "{} ({far} of {})",
+            or_dash(p.round_trip(), 0),
+            p.churn.len()
+        ),
+        format!("{ratio:.3}×{}", verdict(ratio)),
+        at(Placement::Near),
+        at(Placement::Far),
+        format!(
+            "{} / {}",
+            or_dash(p.lost_per_write(Placement::Near, cutoff), 1),
+            or_dash(p.lost_per_write(Placement::Far, cutoff), 1)
+        ),
+    ]
 }
