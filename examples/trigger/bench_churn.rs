@@ -211,18 +211,13 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     let cutoff = near_cutoff(pooled.iter().map(|v| &v.phases));
     for (&(variant, _, _), v) in variants.iter().zip(&pooled) {
         let (p, churned) = (&v.phases, v.phases.churned());
-        let mut cells = vec![
-            variant.to_string(),
-            format!("{:.2} ± {:.2}", p.idle.mean() / 1e6, p.idle.stddev() / 1e6),
-            format!(
-                "{:.2} ± {:.2}",
-                churned.mean() / 1e6,
-                churned.stddev() / 1e6
-            ),
+        let mut cells = vec![variant.to_string()];
+        cells.extend(p.rate_cells());
+        cells.extend([
             format!("{:.3}", p.writes() / 1e6),
             format!("{:.0}", harness::median(&v.gps)),
             format!("{:.0}", harness::median(&v.tables)),
-        ];
+        ]);
         cells.extend(summary_cells(p, cutoff, Some(0.9)));
         body.push(cells);
         for (imp, s) in [

@@ -240,17 +240,9 @@ pub fn run(cfg: &Config) -> Vec<Row> {
         let cutoff = near_cutoff(&cells);
         for ((name, _), p) in maps.iter().zip(&cells) {
             let churned = p.churned();
-            let mut row = vec![
-                variant.to_string(),
-                name.to_string(),
-                format!("{:.2} ± {:.2}", p.idle.mean() / 1e6, p.idle.stddev() / 1e6),
-                format!(
-                    "{:.2} ± {:.2}",
-                    churned.mean() / 1e6,
-                    churned.stddev() / 1e6
-                ),
-                format!("{:.4}", p.writes() / 1e6),
-            ];
+            let mut row = vec![variant.to_string(), name.to_string()];
+            row.extend(p.rate_cells());
+            row.push(format!("{:.4}", p.writes() / 1e6));
             row.extend(summary_cells(p, cutoff, None));
             body.push(row);
             for (imp, s) in [("writer idle", &p.idle), ("writer churning", &churned)] {

@@ -334,6 +334,13 @@ impl Pooled {
         (s.median() / self.idle.median(), n)
     }
 
+    /// The reader's rate with the writer idle and churning, each as
+    /// "mean ± sd" in M lookups/s, for a report row.
+    pub fn rate_cells(&self) -> [String; 2] {
+        let cell = |s: &Samples| format!("{:.2} ± {:.2}", s.mean() / 1e6, s.stddev() / 1e6);
+        [cell(&self.idle), cell(&self.churned())]
+    }
+
     /// The writer's operations per second, median over the phases.
     pub fn writes(&self) -> f64 {
         harness::median(&self.churn.iter().map(|c| c.writes).collect::<Vec<_>>())
