@@ -414,14 +414,12 @@ pub fn summary_cells(p: &Pooled, cutoff: Option<f64>, target: Option<f64>) -> Ve
         }
         _ => "",
     };
-    let far = p
-        .churn
-        .iter()
-        .filter(|c| Pooled::placement(c, cutoff) == Placement::Far)
-        .count();
     let ratio = p.ratio();
-    let at = |pl| {
-        let (r, n) = p.ratio_at(pl, cutoff);
+    let (near, far) = (
+        p.ratio_at(Placement::Near, cutoff),
+        p.ratio_at(Placement::Far, cutoff),
+    );
+    let cell = |(r, n): (f64, usize)| {
         if n == 0 {
             "— (0)".to_string()
         } else {
@@ -430,13 +428,14 @@ pub fn summary_cells(p: &Pooled, cutoff: Option<f64>, target: Option<f64>) -> Ve
     };
     vec![
         format!(
-            "{} ({far} of {})",
+            "{} ({} of {})",
             or_dash(p.round_trip(), 0),
+            far.1,
             p.churn.len()
         ),
         format!("{ratio:.3}×{}", verdict(ratio)),
-        at(Placement::Near),
-        at(Placement::Far),
+        cell(near),
+        cell(far),
         format!(
             "{} / {}",
             or_dash(p.lost_per_write(Placement::Near, cutoff), 1),
