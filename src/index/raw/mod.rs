@@ -237,10 +237,28 @@ struct ResizeState {
     generation: u64,
 }
 
+/// What every lookup reads first, on one line of its own.
+#[repr(C)]
+struct Root {
+    /// Invariant: never null; everything reachable from it (tables, their
+    /// futures, live records) is freed only after a grace period that
+    /// started after it was unlinked.
+    ptr: AtomicPtr<Table>,
+    /// Keys below this bound take the slow path: 1 without a hit cache
+    /// (address 0 alone, which lives in each table's `zero` slot rather
+    /// than in the slots), `u64::MAX` with one (every lookup goes through
+    /// the cache). Fixed at construction. One compare of the key against it
+    /// replaces two tests on the fast path, "is there a cache?" and "is the
+    /// key 0?", each a compare and a branch of its own, and the slots are
+    /// then probed without testing the key for 0 again.
+    fast_from: u64,
+}
+
 /// The index without its safe wrapper.
 ///
 /// Layout (`repr(C)`, in 128-byte blocks, the pair of lines an adjacent-line
-/// prefetcher moves together): the root alone; then what every lookup and
+/// prefetcher moves together): the root (pointer and fast-path bound)
+/// alone; then what every lookup off the fast path and
 /// every write reads (`cache`, `config`, the stripes) with counters written
 /// once per table attached; then the `resize` lock alone, which writers
 /// take on every claim during a migration; then the address-limit counter
@@ -248,15 +266,14 @@ struct ResizeState {
 /// and writers looking up their stripe do not meet the resize lock's line.
 #[repr(C)]
 pub(crate) struct RawIndex<V> {
-    /// Invariant: never null; everything reachable from it (tables, their
-    /// futures, live records) is freed only after a grace period that
-    /// started after it was unlinked.
-    root: CachePadded<AtomicPtr<Table>>,
+    /// The current table, and on the same line the test that sends a
+    /// lookup past the fast path (see [`Root`]).
+    root: CachePadded<Root>,
     /// The recent-hit cache, when configured; writers bump its generation.
+    /// Lookups test it only off the fast path (`Root::fast_from`).
     ///
-    /// Boxed: the lookup's test for "no cache" is then one null check of a
-    /// pointer (an inline `Option<HitCache>` was a two-branch test of a niche
-    /// tag on every uncached lookup).
+    /// Boxed: the test for "no cache" is then one null check of a pointer
+    /// (an inline `Option<HitCache>` was a two-branch test of a niche tag).
     pub(crate) cache: Option<Box<crate::cache::HitCache>>,
     config: Config,
     stripes: Box<[CachePadded<Stripe>]>,
@@ -382,7 +399,14 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         root.prefault(0, root.slot_count());
         let root = Box::into_raw(root);
         Self {
-            root: CachePadded(AtomicPtr::new(root)),
+            root: CachePadded(Root {
+                ptr: AtomicPtr::new(root),
+                fast_from: if config.hit_cache.is_some() {
+                    u64::MAX
+                } else {
+                    1
+                },
+            }),
             stripes: (0..stripes)
                 .map(|_| {
                     CachePadded(Stripe {
@@ -443,6 +467,13 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         found: impl FnOnce(NonNull<Header>) -> R,
         absent: impl FnOnce() -> R,
     ) -> R {
+        if key >= self.root.fast_from {
+            // No cache and a key other than 0 (`Root::fast_from`).
+            // Acquire: as in `lookup_uncached_then`.
+            let root = self.root.ptr.load(Ordering::Acquire);
+            // SAFETY: as in `lookup_uncached_then`; `key` is not 0.
+            return unsafe { table::lookup_chain_nonzero(root, key, found, absent) };
+        }
         match &self.cache {
             None => self.lookup_uncached_then(key, found, absent),
             Some(c) => NonNull::new(self.lookup_cached(c, key)).map_or_else(absent, found),
@@ -475,7 +506,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     ) -> R {
         // Acquire: pairs with the Release stores of `root` (migration swap,
         // clear); the table's fields are visible.
-        let root = self.root.load(Ordering::Acquire);
+        let root = self.root.ptr.load(Ordering::Acquire);
         // SAFETY: `root` and every `future` reachable from it stay allocated
         // while the caller's read guard lives (struct invariant).
         unsafe { table::lookup_chain(root, key, found, absent) }
@@ -527,7 +558,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// `key`'s live slot and record, anywhere in the chain. Caller holds
     /// `key`'s stripe lock and a read guard.
     fn locate(&self, key: u64) -> Option<(&Slot, RecordPtr<V>)> {
-        let mut t = self.root.load(Ordering::Acquire);
+        let mut t = self.root.ptr.load(Ordering::Acquire);
         loop {
             // SAFETY: as in `lookup_raw`; the caller's guard.
             let table = unsafe { &*t };
@@ -548,7 +579,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// The last table of the chain. With any stripe lock held it has no
     /// future and keeps none until the lock is released.
     fn newest(&self) -> &Table {
-        let mut t = self.root.load(Ordering::Acquire);
+        let mut t = self.root.ptr.load(Ordering::Acquire);
         loop {
             // SAFETY: as in `lookup_raw`; the caller's guard.
             let table = unsafe { &*t };
@@ -733,7 +764,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             // several stripes at once) could fill the table and leave the
             // migration no slot (found by the index_concurrent fuzz target:
             // "address index table full").
-            let migrating = !ptr::eq(table, self.root.load(Ordering::Acquire));
+            let migrating = !ptr::eq(table, self.root.ptr.load(Ordering::Acquire));
             let pending = if migrating { self.live_addrs() } else { 0 };
             let batch = self.credit_batch(table);
             if table.try_reserve(batch, pending, FORCE_AT) {
@@ -1114,7 +1145,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // Decide again under the lock: another writer may have attached a
         // table or finished a migration since the first look.
         // SAFETY: root is live under the guard.
-        let root = unsafe { &*self.root.load(Ordering::Acquire) };
+        let root = unsafe { &*self.root.ptr.load(Ordering::Acquire) };
         if !root.future.load(Ordering::Acquire).is_null() {
             let budget = st.budget.saturating_mul(claims.max(1));
             self.migrate(&mut st, budget);
@@ -1152,7 +1183,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// grow or shrink. Caller holds a read guard.
     fn resize_work(&self, claims: usize) -> bool {
         // SAFETY: root is live under the caller's guard.
-        let root = unsafe { &*self.root.load(Ordering::Acquire) };
+        let root = unsafe { &*self.root.ptr.load(Ordering::Acquire) };
         !root.future.load(Ordering::Acquire).is_null()
             || !root.has_room(0, GROW_AT)
             || (claims == 0 && self.should_shrink(root))
@@ -1179,7 +1210,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         if let Ok(mut st) = self.resize.try_lock() {
             let _guard = rcu::read_lock();
             // SAFETY: root is live under the guard.
-            let root = unsafe { &*self.root.load(Ordering::Acquire) };
+            let root = unsafe { &*self.root.ptr.load(Ordering::Acquire) };
             if root.future.load(Ordering::Acquire).is_null() {
                 let cap =
                     capacity_for(self.live_addrs(), self.config.min_capacity).max(root.capacity());
@@ -1197,7 +1228,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let _guard = rcu::read_lock();
         self.finish_migration(&mut st);
         // SAFETY: root is live under the guard.
-        let root = unsafe { &*self.root.load(Ordering::Acquire) };
+        let root = unsafe { &*self.root.ptr.load(Ordering::Acquire) };
         if !root.has_room(extra, GROW_AT) {
             let need = self.growth_need(root, extra);
             let cap = if tight {
@@ -1225,7 +1256,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     fn finish_migration(&self, st: &mut ResizeState) {
         loop {
             // SAFETY: root is live under the caller's guard.
-            let root = unsafe { &*self.root.load(Ordering::Acquire) };
+            let root = unsafe { &*self.root.ptr.load(Ordering::Acquire) };
             if root.future.load(Ordering::Acquire).is_null() {
                 return;
             }
@@ -1254,7 +1285,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // Loaded once: the root only changes under `resize` (the migration's
         // swap, `clear`), which the caller holds.
         // SAFETY: root is live (caller's guard).
-        let root = unsafe { &*self.root.load(Ordering::Acquire) };
+        let root = unsafe { &*self.root.ptr.load(Ordering::Acquire) };
         if !root.future.load(Ordering::Acquire).is_null() {
             // Futures are only attached under `resize`, which the caller
             // holds, so this cannot change under us; a caller that decided
@@ -1316,7 +1347,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// Migrates up to `budget` slots of the root into its future; swaps the
     /// root when done. Caller holds `resize` and a read guard.
     fn migrate(&self, st: &mut ResizeState, budget: usize) {
-        let old_ptr = self.root.load(Ordering::Acquire);
+        let old_ptr = self.root.ptr.load(Ordering::Acquire);
         // SAFETY: root is live (caller's guard).
         let old = unsafe { &*old_ptr };
         let new_ptr = old.future.load(Ordering::Acquire);
@@ -1390,7 +1421,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         st.cursor = end;
         if end == last + 1 {
             // Release: pairs with the Acquire loads of `root`.
-            self.root.store(new_ptr, Ordering::Release);
+            self.root.ptr.store(new_ptr, Ordering::Release);
             // SAFETY: unlinked from `root`; readers that loaded it hold
             // guards; its records now belong to `new` (all slots are moved,
             // tombstones or empty), so freeing it frees only its slots.
@@ -1438,7 +1469,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let stripes = self.lock_all_stripes();
         // AcqRel: Release publishes the fresh table; Acquire makes the old
         // chain ours to retire.
-        let old = self.root.swap(fresh, Ordering::AcqRel);
+        let old = self.root.ptr.swap(fresh, Ordering::AcqRel);
         self.limited_addrs.store(0, Ordering::Relaxed);
         // Each stripe's lock is released as soon as its counters and
         // credits are reset (writers then find `fresh` as the newest table).
@@ -1471,7 +1502,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let _guard = rcu::read_lock();
         let mut tables = 0;
         let mut table_bytes = 0;
-        let mut t = self.root.load(Ordering::Acquire);
+        let mut t = self.root.ptr.load(Ordering::Acquire);
         let mut newest: Option<&Table> = None;
         while !t.is_null() {
             // SAFETY: as in `lookup_raw`.
@@ -1500,7 +1531,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
 
     /// The root table, for iteration. Caller holds a read guard.
     pub(crate) fn root_table(&self) -> *const Table {
-        self.root.load(Ordering::Acquire)
+        self.root.ptr.load(Ordering::Acquire)
     }
 }
 
@@ -1542,7 +1573,7 @@ impl<V> Drop for RawIndex<V> {
     fn drop(&mut self) {
         // SAFETY: `&mut self`: no reader borrows the index (lookups borrow
         // `&'g self`), no writer runs; the chain is ours.
-        unsafe { free_chain::<V>(self.root.load(Ordering::Relaxed)) }
+        unsafe { free_chain::<V>(self.root.ptr.load(Ordering::Relaxed)) }
     }
 }
 
@@ -1642,7 +1673,7 @@ mod tests {
             assert_eq!(unsafe { index.get(k) }, [k], "key {k}");
         }
         // SAFETY: as above.
-        let root = unsafe { &*index.root.load(Ordering::Acquire) };
+        let root = unsafe { &*index.root.ptr.load(Ordering::Acquire) };
         assert!(root.capacity() >= 40, "capacity {}", root.capacity());
     }
 
@@ -1707,7 +1738,7 @@ mod tests {
         let seed = |index: &RawIndex<u64>| {
             let _guard = rcu::read_lock();
             // SAFETY: root is live under the guard.
-            unsafe { &*index.root.load(Ordering::Acquire) }.seed()
+            unsafe { &*index.root.ptr.load(Ordering::Acquire) }.seed()
         };
         let first = seed(&index);
         for k in 1..=1_000u64 {

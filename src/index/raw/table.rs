@@ -301,9 +301,20 @@ impl Table {
     #[inline(always)]
     pub(crate) fn lookup(&self, key: u64) -> *mut Header {
         if key == 0 {
-            // Acquire: as below.
+            // Acquire: as in `lookup_nonzero`.
             return self.zero.rec.load(Ordering::Acquire);
         }
+        self.lookup_nonzero(key)
+    }
+
+    /// [`Table::lookup`] of a key that is not 0.
+    ///
+    /// Key 0 must not come here: slots whose key reads 0 are empty, and
+    /// a 0 would match the first one, whose record a concurrent claim may
+    /// have just published for another key.
+    #[inline(always)]
+    pub(crate) fn lookup_nonzero(&self, key: u64) -> *mut Header {
+        debug_assert_ne!(key, 0);
         let i = self.home(key);
         // SAFETY: `i < capacity`, so `i + 1 <= capacity < slots.len()`: both
         // slots are in the table. (Both from one pointer, so the compiler
@@ -568,15 +579,48 @@ impl Table {
 /// duration of the call (the caller holds an RCU read guard).
 #[inline(always)]
 pub(crate) unsafe fn lookup_chain<R>(
+    t: *const Table,
+    key: u64,
+    found: impl FnOnce(NonNull<Header>) -> R,
+    absent: impl FnOnce() -> R,
+) -> R {
+    // SAFETY: caller contract.
+    unsafe { walk_chain(t, key, Table::lookup, found, absent) }
+}
+
+/// [`lookup_chain`] of a key that is not 0 (see [`Table::lookup_nonzero`]).
+///
+/// # Safety
+///
+/// As for [`lookup_chain`], and `key != 0`.
+#[inline(always)]
+pub(crate) unsafe fn lookup_chain_nonzero<R>(
+    t: *const Table,
+    key: u64,
+    found: impl FnOnce(NonNull<Header>) -> R,
+    absent: impl FnOnce() -> R,
+) -> R {
+    // SAFETY: caller contract.
+    unsafe { walk_chain(t, key, Table::lookup_nonzero, found, absent) }
+}
+
+/// The loop of [`lookup_chain`], with `lookup` as the per-table step.
+///
+/// # Safety
+///
+/// As for [`lookup_chain`].
+#[inline(always)]
+unsafe fn walk_chain<R>(
     mut t: *const Table,
     key: u64,
+    lookup: impl Fn(&Table, u64) -> *mut Header,
     found: impl FnOnce(NonNull<Header>) -> R,
     absent: impl FnOnce() -> R,
 ) -> R {
     loop {
         // SAFETY: caller contract.
         let table = unsafe { &*t };
-        let rec = table.lookup(key);
+        let rec = lookup(table, key);
         if is_live(rec) {
             // SAFETY: live records are not null.
             return found(unsafe { NonNull::new_unchecked(rec) });
