@@ -4,7 +4,10 @@
 //!
 //! # Readers
 //!
-//! `lookup(key)`: load `root`; probe it; a live record ends the search;
+//! `lookup(key)`: one compare of the key against a bound on `root`'s line
+//! (`Root::fast_from`) sends address 0 (kept in each table's `zero` slot)
+//! and every lookup of an index with a hit cache (`cache.rs`) off the fast
+//! path; the rest load `root`; probe it; a live record ends the search;
 //! null (absent or tombstone) or `MOVED` sends the reader on to
 //! `table.future` until there is none. No lock, no store, no fence, no
 //! atomic read-modify-write; `Acquire` loads only (plain loads on x86).
