@@ -474,8 +474,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             // No cache and a key other than 0 (`Root::fast_from`).
             // Acquire: as in `lookup_uncached_then`.
             let root = self.root.ptr.load(Ordering::Acquire);
-            // SAFETY: as in `lookup_uncached_then`; `key` is not 0.
-            return unsafe { table::lookup_chain_nonzero(root, key, found, absent) };
+            // SAFETY: as in `lookup_uncached_then`. (`lookup_nonzero`: `key`
+            // is not 0.)
+            return unsafe { table::lookup_chain(root, key, Table::lookup_nonzero, found, absent) };
         }
         match &self.cache {
             None => self.lookup_uncached_then(key, found, absent),
@@ -512,7 +513,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let root = self.root.ptr.load(Ordering::Acquire);
         // SAFETY: `root` and every `future` reachable from it stay allocated
         // while the caller's read guard lives (struct invariant).
-        unsafe { table::lookup_chain(root, key, found, absent) }
+        unsafe { table::lookup_chain(root, key, Table::lookup, found, absent) }
     }
 
     /// The values of `key` (empty if none), valid while the caller's read

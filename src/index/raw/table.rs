@@ -567,10 +567,12 @@ impl Table {
 }
 
 /// Looks `key` up in `t` and the tables chained behind it: the reader's
-/// whole algorithm. Hands a live record to `found`, or calls `absent`: a
-/// caller that turns the record into something else (the values' slice)
-/// does so on the found path alone, without testing a returned pointer for
-/// null again. `lookup_chain(t, key, NonNull::as_ptr, ptr::null_mut)` is
+/// whole algorithm, with `step` the lookup in one table
+/// ([`Table::lookup`], or [`Table::lookup_nonzero`] for a key known not to
+/// be 0). Hands a live record to `found`, or calls `absent`: a caller that
+/// turns the record into something else (the values' slice) does so on the
+/// found path alone, without testing a returned pointer for null again.
+/// `lookup_chain(t, key, Table::lookup, NonNull::as_ptr, ptr::null_mut)` is
 /// the record or null.
 ///
 /// # Safety
@@ -579,48 +581,16 @@ impl Table {
 /// duration of the call (the caller holds an RCU read guard).
 #[inline(always)]
 pub(crate) unsafe fn lookup_chain<R>(
-    t: *const Table,
-    key: u64,
-    found: impl FnOnce(NonNull<Header>) -> R,
-    absent: impl FnOnce() -> R,
-) -> R {
-    // SAFETY: caller contract.
-    unsafe { walk_chain(t, key, Table::lookup, found, absent) }
-}
-
-/// [`lookup_chain`] of a key that is not 0 (see [`Table::lookup_nonzero`]).
-///
-/// # Safety
-///
-/// As for [`lookup_chain`], and `key != 0`.
-#[inline(always)]
-pub(crate) unsafe fn lookup_chain_nonzero<R>(
-    t: *const Table,
-    key: u64,
-    found: impl FnOnce(NonNull<Header>) -> R,
-    absent: impl FnOnce() -> R,
-) -> R {
-    // SAFETY: caller contract.
-    unsafe { walk_chain(t, key, Table::lookup_nonzero, found, absent) }
-}
-
-/// The loop of [`lookup_chain`], with `lookup` as the per-table step.
-///
-/// # Safety
-///
-/// As for [`lookup_chain`].
-#[inline(always)]
-unsafe fn walk_chain<R>(
     mut t: *const Table,
     key: u64,
-    lookup: impl Fn(&Table, u64) -> *mut Header,
+    step: impl Fn(&Table, u64) -> *mut Header,
     found: impl FnOnce(NonNull<Header>) -> R,
     absent: impl FnOnce() -> R,
 ) -> R {
     loop {
         // SAFETY: caller contract.
         let table = unsafe { &*t };
-        let rec = lookup(table, key);
+        let rec = step(table, key);
         if is_live(rec) {
             // SAFETY: live records are not null.
             return found(unsafe { NonNull::new_unchecked(rec) });
@@ -728,14 +698,18 @@ mod loom_tests {
             let r = t.clone();
             let reader = loom::thread::spawn(move || {
                 // SAFETY: both tables live until the end of the model.
-                let found = unsafe { lookup_chain(&*r.old, KEY, NonNull::as_ptr, ptr::null_mut) };
+                let found = unsafe {
+                    lookup_chain(&*r.old, KEY, Table::lookup, NonNull::as_ptr, ptr::null_mut)
+                };
                 assert!(is_live(found), "reader missed a live key during migration");
             });
             reader.join().unwrap();
             migrator.join().unwrap();
             writer.join().unwrap();
             // SAFETY: as above.
-            let after = unsafe { lookup_chain(&*t.old, KEY, NonNull::as_ptr, ptr::null_mut) };
+            let after = unsafe {
+                lookup_chain(&*t.old, KEY, Table::lookup, NonNull::as_ptr, ptr::null_mut)
+            };
             assert!(is_live(after));
         });
     }
