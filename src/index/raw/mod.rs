@@ -5,7 +5,7 @@
 //! # Readers
 //!
 //! `lookup(key)`: one compare of the key against a bound on `root`'s line
-//! (`Root::fast_from`) sends address 0 (kept in each table's `zero` slot)
+//! (`Root::fast_above`) sends address 0 (kept in each table's `zero` slot)
 //! and every lookup of an index with a hit cache (`cache.rs`) off the fast
 //! path; the rest load `root`; probe it; a live record ends the search;
 //! null (absent or tombstone) or `MOVED` sends the reader on to
@@ -247,14 +247,15 @@ struct Root {
     /// futures, live records) is freed only after a grace period that
     /// started after it was unlinked.
     ptr: AtomicPtr<Table>,
-    /// Keys below this bound take the slow path: 1 without a hit cache
-    /// (address 0 alone, which lives in each table's `zero` slot rather
-    /// than in the slots), `u64::MAX` with one (every lookup goes through
-    /// the cache). Fixed at construction. One compare of the key against it
+    /// Keys above this bound take the fast path, the others the slow one:
+    /// 0 without a hit cache (address 0 alone is slow: it lives in each
+    /// table's `zero` slot rather than in the slots), `u64::MAX` with one
+    /// (no key is above it: every lookup goes through the cache). Fixed at
+    /// construction. One compare of the key against it
     /// replaces two tests on the fast path, "is there a cache?" and "is the
     /// key 0?", each a compare and a branch of its own, and the slots are
     /// then probed without testing the key for 0 again.
-    fast_from: u64,
+    fast_above: u64,
 }
 
 /// The index without its safe wrapper.
@@ -273,7 +274,7 @@ pub(crate) struct RawIndex<V> {
     /// lookup past the fast path (see [`Root`]).
     root: CachePadded<Root>,
     /// The recent-hit cache, when configured; writers bump its generation.
-    /// Lookups test it only off the fast path (`Root::fast_from`).
+    /// Lookups test it only off the fast path (`Root::fast_above`).
     ///
     /// Boxed: the test for "no cache" is then one null check of a pointer
     /// (an inline `Option<HitCache>` was a two-branch test of a niche tag).
@@ -404,10 +405,10 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         Self {
             root: CachePadded(Root {
                 ptr: AtomicPtr::new(root),
-                fast_from: if config.hit_cache.is_some() {
+                fast_above: if config.hit_cache.is_some() {
                     u64::MAX
                 } else {
-                    1
+                    0
                 },
             }),
             stripes: (0..stripes)
@@ -470,8 +471,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         found: impl FnOnce(NonNull<Header>) -> R,
         absent: impl FnOnce() -> R,
     ) -> R {
-        if key >= self.root.fast_from {
-            // No cache and a key other than 0 (`Root::fast_from`).
+        if key > self.root.fast_above {
+            // No cache and a key other than 0 (`Root::fast_above`).
             // Acquire: as in `lookup_uncached_then`.
             let root = self.root.ptr.load(Ordering::Acquire);
             // SAFETY: as in `lookup_uncached_then`. (`lookup_nonzero`: `key`
