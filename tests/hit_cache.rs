@@ -46,6 +46,26 @@ fn hits_after_first_lookup_and_invalidates_on_write() {
     assert_eq!(index.lookup(1, |v| v.len()), None);
 }
 
+/// Every address goes through the cache, the extremes included (the index
+/// sends lookups past the cache with one compare of the address against a
+/// bound, which must admit none when a cache is configured).
+#[test]
+fn extreme_addresses_go_through_the_cache() {
+    let index = cached(4);
+    for a in [0u64, u64::MAX] {
+        index.insert(a, a).unwrap();
+        let before = index.hit_cache_stats().unwrap();
+        assert_eq!(index.lookup(a, |v| v.to_vec()), Some(vec![a]));
+        assert_eq!(index.lookup(a, |v| v.to_vec()), Some(vec![a]));
+        let after = index.hit_cache_stats().unwrap();
+        assert_eq!(
+            (after.misses - before.misses, after.hits - before.hits),
+            (1, 1),
+            "address {a:#x}"
+        );
+    }
+}
+
 #[test]
 fn cached_and_uncached_agree_through_resizes() {
     let (all_ways, steps): (&[usize], u64) = if cfg!(miri) {
