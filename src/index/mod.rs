@@ -65,7 +65,7 @@
 //! |---|---|---|---|
 //! | [`get`](AddrIndex::get), [`get_with_ids`](AddrIndex::get_with_ids), [`lookup`](AddrIndex::lookup), [`contains`](AddrIndex::contains) | never: lock-free, no stores | no (after the thread's first RCU use) | yes, with an already registered thread |
 //! | [`insert`](AddrIndex::insert), [`remove`](AddrIndex::remove), [`remove_addr`](AddrIndex::remove_addr) | on the key's stripe lock, briefly; rarely a resize step | yes | no |
-//! | [`insert_many`](AddrIndex::insert_many) | as `insert`; may presize the table (O(table)) | yes | no |
+//! | [`insert_many`](AddrIndex::insert_many) | as `insert`; may presize the table (O(table)); a batch that fails midway waits one grace period, except inside a read-side section | yes | no |
 //! | [`take`](AddrIndex::take) | yes, one RCU grace period | yes | no |
 //! | [`clear`](AddrIndex::clear) | on every lock, briefly | yes | no |
 //! | [`len`](AddrIndex::len), [`len_addrs`](AddrIndex::len_addrs) | never | no | yes |
@@ -215,7 +215,20 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
     /// # Errors
     ///
     /// [`Error::CapacityExceeded`] when the new addresses do not fit under
-    /// [`max_addresses`](AddrIndexBuilder::max_addresses).
+    /// [`max_addresses`](AddrIndexBuilder::max_addresses). That is checked
+    /// before anything is inserted; only when concurrent writers take the
+    /// last places meanwhile does a batch fail midway, and then its inserts
+    /// are undone and the values moved back out after a grace period. Called
+    /// inside a read-side section (where a grace period cannot be waited
+    /// for), such a batch hands back clones of its values instead, and the
+    /// originals are dropped after a grace period.
+    ///
+    /// # Panics
+    ///
+    /// When a value's `clone` panics (adding to an address that already has
+    /// values copies them): the batch's inserts are undone, its values are
+    /// dropped (after a grace period, for those already inserted), and the
+    /// panic continues.
     ///
     /// # Examples
     ///

@@ -321,6 +321,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Records unlinked by a rolled-back bulk insert, retired when dropped
+/// (also when a clone taken from them panics).
+struct RetireAll<V: Clone + Send + Sync + 'static>(Vec<(RecordPtr<V>, Vec<u64>)>);
+
+impl<V: Clone + Send + Sync + 'static> Drop for RetireAll<V> {
+    fn drop(&mut self) {
+        for (rec, _) in self.0.drain(..) {
+            RawIndex::<V>::retire_record(rec);
+        }
+    }
+}
+
 /// What a bulk insert needs to recognise an address repeated within the
 /// batch.
 #[derive(Default)]
@@ -942,6 +954,45 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let mut ids = vec![0u64; n];
         // Positions inserted so far, for the rollback.
         let mut inserted: Vec<usize> = Vec::new();
+        // A panic out of the runs (a `V::clone` of an address's values,
+        // copied on write) is caught so that the batch stays all or nothing:
+        // what it inserted is unlinked before the panic goes on. Nothing in
+        // the index is left half-done by the panic (records are built
+        // before they are published, locks ignore poison), and `ids` and
+        // `inserted` hold every completed insert at every point.
+        let runs = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.insert_runs(&keys, &mut vals, &order, &bounds, &mut ids, &mut inserted)
+        }));
+        match runs {
+            Ok(Ok(())) => {
+                self.after_write(0);
+                Ok(ids)
+            }
+            Ok(Err(e)) => Err(self.roll_back(e, &keys, vals, &ids, &inserted)),
+            Err(panic) => {
+                // The values cannot travel with the panic: they are dropped
+                // with their records after a grace period.
+                for (rec, _) in self.unlink_inserted(&keys, &ids, &inserted) {
+                    Self::retire_record(rec);
+                }
+                std::panic::resume_unwind(panic)
+            }
+        }
+    }
+
+    /// The runs of [`RawIndex::insert_many`]: its values by stripe, then
+    /// the repeated addresses. Records each insert in `ids` and `inserted`
+    /// as it completes; stops at the first error.
+    fn insert_runs(
+        &self,
+        keys: &[u64],
+        vals: &mut [Option<V>],
+        order: &[usize],
+        bounds: &[usize],
+        ids: &mut [u64],
+        inserted: &mut Vec<usize>,
+    ) -> Result<(), Error> {
+        let stripes = self.stripes.len();
         // A repeated address: its first value goes in with the pass below,
         // the later ones are deferred and appended afterwards, all of an
         // address's deferred values in one record copy (appending each on
@@ -1002,7 +1053,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 drop(st);
                 drop(guard);
                 if let Some(e) = self.after_bulk_run(claims, long_probe, stopped) {
-                    return Err(self.roll_back(e, &keys, vals, &ids, &inserted));
+                    return Err(e);
                 }
             }
         }
@@ -1042,11 +1093,10 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 Err(e) => (0, false, Some(Err(e))),
             };
             if let Some(e) = self.after_bulk_run(claims, long_probe, stopped) {
-                return Err(self.roll_back(e, &keys, vals, &ids, &inserted));
+                return Err(e);
             }
         }
-        self.after_write(0);
-        Ok(ids)
+        Ok(())
     }
 
     /// After a bulk insert releases a stripe lock: rehash, resize or grow
@@ -1078,6 +1128,12 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// Undoes a failed bulk insert: unlinks what it inserted (`inserted`:
     /// input positions), waits one grace period, and moves every value back
     /// out, in input order.
+    ///
+    /// Inside a read-side section of the calling thread a grace period
+    /// would wait for that section (`synchronize` panics there), and other
+    /// readers may still hold the unlinked values, so they cannot be moved
+    /// out: the caller gets clones, and the originals are dropped with their
+    /// records after a grace period.
     fn roll_back(
         &self,
         e: Error,
@@ -1086,6 +1142,53 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         ids: &[u64],
         inserted: &[usize],
     ) -> BulkError<V> {
+        let unlinked = self.unlink_inserted(keys, ids, inserted);
+        let mut back = Vec::new();
+        if rcu::in_read_section() {
+            // Retired on drop, so that a panicking clone leaks nothing.
+            let retire = RetireAll(unlinked);
+            for (rec, gids) in &retire.0 {
+                // SAFETY: unlinked by us and not yet retired: nobody frees
+                // it meanwhile, and its values are initialised.
+                let (rids, rvals) = unsafe { (rec.ids(), rec.values()) };
+                back.extend(
+                    rids.iter()
+                        .zip(rvals)
+                        .filter(|(id, _)| gids.contains(id))
+                        .map(|(&id, v)| (id, v.clone())),
+                );
+            }
+        } else {
+            rcu::synchronize();
+            for (rec, gids) in unlinked {
+                // SAFETY: unlinked above, a grace period has passed, and we
+                // are the record's only owner.
+                unsafe { rec.free_extracting(|id| gids.contains(&id), &mut back) };
+            }
+        }
+        let pos_of: std::collections::HashMap<u64, usize> =
+            inserted.iter().map(|&p| (ids[p], p)).collect();
+        for (id, v) in back {
+            vals[pos_of[&id]] = Some(v);
+        }
+        let values = keys
+            .iter()
+            .zip(vals)
+            .filter_map(|(&k, v)| v.map(|v| (k, v)))
+            .collect();
+        (e, values)
+    }
+
+    /// Unlinks the values a bulk insert inserted (`inserted`: input
+    /// positions; `ids`: their ids), each address's together; returns the
+    /// records that held them with the batch's ids in each, for the caller
+    /// to drain or retire.
+    fn unlink_inserted(
+        &self,
+        keys: &[u64],
+        ids: &[u64],
+        inserted: &[usize],
+    ) -> Vec<(RecordPtr<V>, Vec<u64>)> {
         // The batch's ids of each address, unlinked together.
         let mut by_key: Vec<(u64, u64)> = inserted.iter().map(|&p| (keys[p], ids[p])).collect();
         by_key.sort_unstable();
@@ -1107,24 +1210,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 }
             }
         }
-        rcu::synchronize();
-        let mut back = Vec::new();
-        for (rec, gids) in unlinked {
-            // SAFETY: unlinked above, a grace period has passed, and we are
-            // the record's only owner.
-            unsafe { rec.free_extracting(|id| gids.contains(&id), &mut back) };
-        }
-        let pos_of: std::collections::HashMap<u64, usize> =
-            inserted.iter().map(|&p| (ids[p], p)).collect();
-        for (id, v) in back {
-            vals[pos_of[&id]] = Some(v);
-        }
-        let values = keys
-            .iter()
-            .zip(vals)
-            .filter_map(|(&k, v)| v.map(|v| (k, v)))
-            .collect();
-        (e, values)
+        unlinked
     }
 
     // --------------------------------------------------------------- resize
