@@ -459,6 +459,44 @@ fn insert_many_undone_when_a_clone_panics() {
     assert_eq!(live.load(Ordering::Relaxed), 0);
 }
 
+/// A value whose destructor panics, dropped with the index: the panic
+/// reaches whoever drops the index, and every other value (its record's
+/// neighbour included) is still dropped, once.
+#[test]
+fn a_panicking_destructor_does_not_stop_the_others() {
+    #[derive(Debug)]
+    struct Tick(u64, Arc<AtomicUsize>);
+    impl Clone for Tick {
+        fn clone(&self) -> Self {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            Tick(self.0, self.1.clone())
+        }
+    }
+    impl Drop for Tick {
+        fn drop(&mut self) {
+            self.1.fetch_sub(1, Ordering::Relaxed);
+            if self.0 == 13 {
+                panic!("destructor of 13");
+            }
+        }
+    }
+    let live = Arc::new(AtomicUsize::new(0));
+    let mk = |v: u64| {
+        live.fetch_add(1, Ordering::Relaxed);
+        Tick(v, live.clone())
+    };
+    let index = AddrIndex::builder().min_capacity(8).build().unwrap();
+    for a in 0..50u64 {
+        index.insert(a, mk(a)).unwrap();
+    }
+    index.insert(13, mk(99)).unwrap(); // a neighbour in 13's record
+    rcu::barrier(); // the copy-on-write's old record: dropped, no panic
+    assert_eq!(live.load(Ordering::Relaxed), 51);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(index)));
+    assert!(r.is_err(), "the destructor's panic reaches the caller");
+    assert_eq!(live.load(Ordering::Relaxed), 0, "every value dropped");
+}
+
 #[test]
 fn clear_and_drop_release_every_value() {
     #[derive(Debug)]

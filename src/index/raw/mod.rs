@@ -1640,23 +1640,36 @@ impl<V> Drop for Chain<V> {
     }
 }
 
-/// Frees a chain of tables and every live record in it.
+/// Frees a chain of tables and every live record in it. A value whose
+/// destructor panics does not stop the walk: every other record and table
+/// is still freed, then the first panic continues.
 ///
 /// # Safety
 ///
 /// The caller owns the chain: no reader or writer can reach it.
 unsafe fn free_chain<V>(mut t: *mut Table) {
+    let mut panic = None;
     while !t.is_null() {
         // SAFETY: caller contract; each table came from `Box::into_raw`.
         let table = unsafe { Box::from_raw(t) };
         for (_, slot) in table.slots() {
             let rec = slot.rec.load(Ordering::Relaxed);
             if is_live(rec) {
-                // SAFETY: live records are owned by their (only) live slot.
-                unsafe { RecordPtr::<V>::from_raw(rec).free() };
+                let freed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    // SAFETY: live records are owned by their (only) live
+                    // slot, and each slot is visited once. A panic leaves
+                    // the record freed (`RecordPtr::free`).
+                    unsafe { RecordPtr::<V>::from_raw(rec).free() }
+                }));
+                if let Err(p) = freed {
+                    panic.get_or_insert(p);
+                }
             }
         }
         t = table.future.load(Ordering::Relaxed);
+    }
+    if let Some(p) = panic {
+        std::panic::resume_unwind(p);
     }
 }
 

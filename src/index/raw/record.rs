@@ -58,6 +58,38 @@ const fn values_offset<V>() -> usize {
     (std::mem::size_of::<Header>() + a - 1) & !(a - 1)
 }
 
+/// A record's memory and its first `written` values, dropped and freed
+/// when this is dropped: a record being built (freed if building unwinds),
+/// or one being freed (freed even if a value's destructor panics).
+struct RecordMem<V> {
+    base: *mut u8,
+    layout: Layout,
+    values: *mut V,
+    written: usize,
+}
+
+impl<V> Drop for RecordMem<V> {
+    fn drop(&mut self) {
+        /// Frees the memory when dropped: after the values, or while a
+        /// panic from one of their destructors unwinds out of this `drop`.
+        struct Dealloc(*mut u8, Layout);
+        impl Drop for Dealloc {
+            fn drop(&mut self) {
+                // SAFETY: allocated with this layout (`RecordMem`'s
+                // constructors' contract), freed once, here.
+                unsafe { dealloc(self.0, self.1) }
+            }
+        }
+        let _mem = Dealloc(self.base, self.layout);
+        // SAFETY: exactly `written` values are initialised and owned here
+        // (constructors' contract). A slice's remaining elements are still
+        // dropped when one of them panics.
+        unsafe {
+            std::ptr::slice_from_raw_parts_mut(self.values, self.written).drop_in_place();
+        }
+    }
+}
+
 /// A pointer to a published (or about to be published) record of `V`s.
 pub(crate) struct RecordPtr<V> {
     ptr: NonNull<Header>,
@@ -107,23 +139,6 @@ impl<V> RecordPtr<V> {
         if base.is_null() {
             handle_alloc_error(sh.layout);
         }
-        /// Frees a partly built record on unwind.
-        struct Partial<V> {
-            base: *mut u8,
-            layout: Layout,
-            values: *mut V,
-            written: usize,
-        }
-        impl<V> Drop for Partial<V> {
-            fn drop(&mut self) {
-                // SAFETY: exactly `written` values were initialised, and
-                // `base` was allocated with `layout`.
-                unsafe {
-                    std::ptr::slice_from_raw_parts_mut(self.values, self.written).drop_in_place();
-                    dealloc(self.base, self.layout);
-                }
-            }
-        }
         // SAFETY: the offsets come from `shape`, inside the allocation.
         let (values, ids) = unsafe {
             (
@@ -131,7 +146,8 @@ impl<V> RecordPtr<V> {
                 base.add(sh.ids).cast::<u64>(),
             )
         };
-        let mut partial = Partial {
+        // Frees the partly built record on unwind.
+        let mut partial = RecordMem {
             base,
             layout: sh.layout,
             values,
@@ -222,13 +238,15 @@ impl<V> RecordPtr<V> {
     /// The caller owns the record (no reader can reach it any more, and no
     /// one else frees it).
     pub(crate) unsafe fn free(self) {
-        let sh = shape::<V>(self.len());
-        // SAFETY: caller contract: we own the record; its `len` values are
-        // initialised and dropped once, then the memory is freed.
-        unsafe {
-            std::ptr::slice_from_raw_parts_mut(self.values_ptr(), self.len()).drop_in_place();
-            dealloc(self.ptr.as_ptr().cast(), sh.layout);
-        }
+        // Caller contract: we own the record and its `len` initialised
+        // values; dropping this drops them once and frees the memory, the
+        // memory even if a destructor panics.
+        drop(RecordMem {
+            base: self.ptr.as_ptr().cast(),
+            layout: shape::<V>(self.len()).layout,
+            values: self.values_ptr(),
+            written: self.len(),
+        });
     }
 
     /// Moves out the values whose ids satisfy `keep_out`, drops the others,
@@ -242,9 +260,18 @@ impl<V> RecordPtr<V> {
         mut keep_out: impl FnMut(u64) -> bool,
         out: &mut Vec<(u64, V)>,
     ) {
-        let sh = shape::<V>(self.len());
+        // Frees the memory at the end, or if a destructor panics (the
+        // values not reached yet are then leaked, never dropped twice).
+        // Owns no values: each is moved out or dropped below.
+        let _mem = RecordMem {
+            base: self.ptr.as_ptr().cast(),
+            layout: shape::<V>(self.len()).layout,
+            values: self.values_ptr(),
+            written: 0,
+        };
         // SAFETY: caller contract: we own the record; each value is read or
-        // dropped exactly once, then the memory is freed.
+        // dropped exactly once, and the ids are read before `_mem` frees
+        // the memory.
         unsafe {
             let values = self.values_ptr();
             let ids = self.ids::<'_>();
@@ -256,7 +283,6 @@ impl<V> RecordPtr<V> {
                     v.drop_in_place();
                 }
             }
-            dealloc(self.ptr.as_ptr().cast(), sh.layout);
         }
     }
 }
