@@ -605,10 +605,15 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 s.generation.store(generation + 1, Ordering::Release);
                 s.enabled.store(false, Ordering::Release);
                 let p = s.probe.swap(std::ptr::null_mut(), Ordering::Relaxed);
-                // SAFETY: no entry of this generation reached the index
-                // (bulk insert is all or nothing) and no instance carries it,
-                // so no reader holds `p`; it came from `Arc::into_raw`.
-                drop(unsafe { Arc::from_raw(p) });
+                // The batch is undone, but its entries may have been in the
+                // index for a while (a bulk insert that failed midway), and
+                // inside a read-side section it returns without a grace
+                // period: a dispatcher that saw this generation may still
+                // hold `p`. Dropped after a grace period, then.
+                // SAFETY: `p` came from `Arc::into_raw`; the swap took it
+                // out of the slot, so it is released once; the box is ours
+                // and `Arc<Fprobe<C>>` may be dropped on another thread.
+                unsafe { rcu::retire_box_raw(Box::into_raw(Box::new(Arc::from_raw(p)))) };
                 book.free.push(slot);
                 Err(e.error)
             }
