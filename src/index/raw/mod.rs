@@ -251,10 +251,10 @@ struct Root {
     /// 0 without a hit cache (address 0 alone is slow: it lives in each
     /// table's `zero` slot rather than in the slots), `u64::MAX` with one
     /// (no key is above it: every lookup goes through the cache). Fixed at
-    /// construction. One compare of the key against it
-    /// replaces two tests on the fast path, "is there a cache?" and "is the
-    /// key 0?", each a compare and a branch of its own, and the slots are
-    /// then probed without testing the key for 0 again.
+    /// construction. One compare of the key against it replaces two tests
+    /// on the fast path, "is there a cache?" and "is the key 0?", each a
+    /// compare and a branch of its own, and the slots are then probed
+    /// without testing the key for 0 again.
     fast_above: u64,
 }
 
@@ -262,9 +262,9 @@ struct Root {
 ///
 /// Layout (`repr(C)`, in 128-byte blocks, the pair of lines an adjacent-line
 /// prefetcher moves together): the root (pointer and fast-path bound)
-/// alone; then what every lookup off the fast path and
-/// every write reads (`cache`, `config`, the stripes) with counters written
-/// once per table attached; then the `resize` lock alone, which writers
+/// alone; then what every write and every lookup off the fast path reads
+/// (`cache`, `config`, the stripes) with counters written once per table
+/// attached; then the `resize` lock alone, which writers
 /// take on every claim during a migration; then the address-limit counter
 /// alone. So no lock or hot counter shares a line with what readers read,
 /// and writers looking up their stripe do not meet the resize lock's line.
