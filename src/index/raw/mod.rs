@@ -485,14 +485,10 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     ) -> R {
         if key > self.root.fast_above {
             // No cache and a key other than 0 (`Root::fast_above`).
-            // Acquire: as in `lookup_uncached_then`.
-            let root = self.root.ptr.load(Ordering::Acquire);
-            // SAFETY: as in `lookup_uncached_then`. (`lookup_nonzero`: `key`
-            // is not 0.)
-            return unsafe { table::lookup_chain(root, key, Table::lookup_nonzero, found, absent) };
+            return self.lookup_uncached_then(key, Table::lookup_nonzero, found, absent);
         }
         match &self.cache {
-            None => self.lookup_uncached_then(key, found, absent),
+            None => self.lookup_uncached_then(key, Table::lookup, found, absent),
             Some(c) => NonNull::new(self.lookup_cached(c, key)).map_or_else(absent, found),
         }
     }
@@ -509,15 +505,17 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// read guard.
     #[inline(always)]
     pub(crate) fn lookup_uncached(&self, key: u64) -> *mut Header {
-        self.lookup_uncached_then(key, NonNull::as_ptr, ptr::null_mut)
+        self.lookup_uncached_then(key, Table::lookup, NonNull::as_ptr, ptr::null_mut)
     }
 
     /// [`RawIndex::lookup_uncached`] with the record handed to `found`, as
-    /// in [`RawIndex::lookup_then`].
+    /// in [`RawIndex::lookup_then`], and `step` the lookup in one table
+    /// ([`Table::lookup_nonzero`] only for a key that is not 0).
     #[inline(always)]
     fn lookup_uncached_then<R>(
         &self,
         key: u64,
+        step: impl Fn(&Table, u64) -> *mut Header,
         found: impl FnOnce(NonNull<Header>) -> R,
         absent: impl FnOnce() -> R,
     ) -> R {
@@ -526,7 +524,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let root = self.root.ptr.load(Ordering::Acquire);
         // SAFETY: `root` and every `future` reachable from it stay allocated
         // while the caller's read guard lives (struct invariant).
-        unsafe { table::lookup_chain(root, key, Table::lookup, found, absent) }
+        unsafe { table::lookup_chain(root, key, step, found, absent) }
     }
 
     /// The values of `key` (empty if none), valid while the caller's read
