@@ -321,8 +321,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Records unlinked by a rolled-back bulk insert, retired when dropped
-/// (also when a clone taken from them panics).
+/// Records unlinked by an undone bulk insert, retired when dropped (also
+/// when a clone taken from them panics, in `roll_back`).
 struct RetireAll<V: Clone + Send + Sync + 'static>(Vec<(RecordPtr<V>, Vec<u64>)>);
 
 impl<V: Clone + Send + Sync + 'static> Drop for RetireAll<V> {
@@ -970,9 +970,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             Err(panic) => {
                 // The values cannot travel with the panic: they are dropped
                 // with their records after a grace period.
-                for (rec, _) in self.unlink_inserted(&keys, &ids, &inserted) {
-                    Self::retire_record(rec);
-                }
+                drop(RetireAll(self.unlink_inserted(&keys, &ids, &inserted)));
                 std::panic::resume_unwind(panic)
             }
         }
