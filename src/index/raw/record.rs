@@ -231,6 +231,22 @@ impl<V> RecordPtr<V> {
         shape::<V>(self.len()).layout.size()
     }
 
+    /// The record's memory as a [`RecordMem`] owning its first `owned`
+    /// values: dropping it drops those and frees the record.
+    ///
+    /// # Safety
+    ///
+    /// The caller owns the record and those values (as for
+    /// [`RecordPtr::free`]) and lets the result drop once.
+    unsafe fn memory(self, owned: usize) -> RecordMem<V> {
+        RecordMem {
+            base: self.ptr.as_ptr().cast(),
+            layout: shape::<V>(self.len()).layout,
+            values: self.values_ptr(),
+            written: owned,
+        }
+    }
+
     /// Drops every value and frees the record.
     ///
     /// # Safety
@@ -238,15 +254,10 @@ impl<V> RecordPtr<V> {
     /// The caller owns the record (no reader can reach it any more, and no
     /// one else frees it).
     pub(crate) unsafe fn free(self) {
-        // Caller contract: we own the record and its `len` initialised
-        // values; dropping this drops them once and frees the memory, the
-        // memory even if a destructor panics.
-        drop(RecordMem {
-            base: self.ptr.as_ptr().cast(),
-            layout: shape::<V>(self.len()).layout,
-            values: self.values_ptr(),
-            written: self.len(),
-        });
+        // SAFETY: caller contract: we own the record and its `len`
+        // initialised values; dropping this drops them once and frees the
+        // memory, the memory even if a destructor panics.
+        drop(unsafe { self.memory(self.len()) });
     }
 
     /// Moves out the values whose ids satisfy `keep_out`, drops the others,
@@ -263,12 +274,8 @@ impl<V> RecordPtr<V> {
         // Frees the memory at the end, or if a destructor panics (the
         // values not reached yet are then leaked, never dropped twice).
         // Owns no values: each is moved out or dropped below.
-        let _mem = RecordMem {
-            base: self.ptr.as_ptr().cast(),
-            layout: shape::<V>(self.len()).layout,
-            values: self.values_ptr(),
-            written: 0,
-        };
+        // SAFETY: caller contract: we own the record.
+        let _mem = unsafe { self.memory(0) };
         // SAFETY: caller contract: we own the record; each value is read or
         // dropped exactly once, and the ids are read before `_mem` frees
         // the memory.
