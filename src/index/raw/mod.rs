@@ -744,7 +744,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             // SAFETY: `old` is live under the caller's guard.
             let (old_ids, old_vals) = unsafe { (old.ids(), old.values()) };
             let new = RecordPtr::<V>::build(
-                old.len() + n,
+                old_ids.len() + n,
                 old_ids
                     .iter()
                     .copied()
@@ -753,7 +753,11 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             );
             st.next_seq += n as u64;
             Self::publish(slot, new.into_raw());
-            stripe.account(n as isize, 0, new.bytes() as isize - old.bytes() as isize);
+            // SAFETY: both live: `old` under the caller's guard, `new`
+            // because only a writer holding this stripe's lock, as we do,
+            // can unlink it.
+            let delta = unsafe { new.bytes() as isize - old.bytes() as isize };
+            stripe.account(n as isize, 0, delta);
             self.bump();
             Self::retire_record(old);
             return Ok(Some(Group {
@@ -797,7 +801,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let new = RecordPtr::<V>::build(n, (0..n).map(|i| (ids(i), next())));
         st.next_seq += n as u64;
         Self::publish(slot, new.into_raw());
-        stripe.account(n as isize, 1, new.bytes() as isize);
+        // SAFETY: `new` is live: only a writer holding this stripe's lock,
+        // as we do, can unlink it.
+        stripe.account(n as isize, 1, unsafe { new.bytes() } as isize);
         self.bump();
         Ok(Some(Group {
             first,
@@ -825,7 +831,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         if gone != ids.len() {
             return Err(Error::NotFound);
         }
-        let left = old.len() - gone;
+        let left = old_ids.len() - gone;
         let new_bytes = if left == 0 {
             Self::publish(slot, ptr::null_mut());
             self.release_addr();
@@ -841,12 +847,16 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                     .map(|(id, v)| (id, v.clone())),
             );
             Self::publish(slot, new.into_raw());
-            new.bytes()
+            // SAFETY: `new` is live: only a writer holding this stripe's
+            // lock, as we do, can unlink it.
+            unsafe { new.bytes() }
         };
+        // SAFETY: `old` is live under our guard.
+        let old_bytes = unsafe { old.bytes() };
         stripe.account(
             -(gone as isize),
             -isize::from(left == 0),
-            new_bytes as isize - old.bytes() as isize,
+            new_bytes as isize - old_bytes as isize,
         );
         drop(st);
         self.bump();
@@ -885,8 +895,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         };
         Self::publish(slot, ptr::null_mut());
         self.release_addr();
-        let n = old.len();
-        stripe.account(-(n as isize), -1, -(old.bytes() as isize));
+        // SAFETY: `old` is live under our guard.
+        let (n, bytes) = unsafe { (old.len(), old.bytes()) };
+        stripe.account(-(n as isize), -1, -(bytes as isize));
         drop(st);
         drop(guard);
         self.bump();

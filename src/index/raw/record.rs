@@ -174,10 +174,16 @@ impl<V> RecordPtr<V> {
     }
 
     /// Number of values.
+    ///
+    /// # Safety
+    ///
+    /// The record is live: not yet freed (the caller holds a read guard,
+    /// owns the record, or holds the stripe lock of its slot). A
+    /// `RecordPtr` is `Copy`, so a copy can outlive the record it names.
     #[inline(always)]
-    pub(crate) fn len(self) -> usize {
-        // SAFETY: `self` points to a live record (type invariant of a
-        // `RecordPtr` obtained from `build` or `from_raw`).
+    pub(crate) unsafe fn len(self) -> usize {
+        // SAFETY: the record is live (caller contract), and its header is
+        // written before it is published and never changed.
         unsafe { (*self.ptr.as_ptr()).len }
     }
 
@@ -189,7 +195,8 @@ impl<V> RecordPtr<V> {
     /// owns the record).
     #[inline(always)]
     pub(crate) unsafe fn values<'a>(self) -> &'a [V] {
-        let len = self.len();
+        // SAFETY: live for `'a` (caller contract).
+        let len = unsafe { self.len() };
         let off = values_offset::<V>();
         // SAFETY: `len` initialised values start at `off` (built by `build`),
         // live for `'a` by the caller's contract.
@@ -205,7 +212,8 @@ impl<V> RecordPtr<V> {
     /// As for [`RecordPtr::values`].
     #[inline]
     pub(crate) unsafe fn ids<'a>(self) -> &'a [u64] {
-        let len = self.len();
+        // SAFETY: live for `'a` (caller contract).
+        let len = unsafe { self.len() };
         let off = shape::<V>(len).ids;
         // SAFETY: as in `values`.
         unsafe {
@@ -227,8 +235,13 @@ impl<V> RecordPtr<V> {
     }
 
     /// Bytes the record occupies (allocation size).
-    pub(crate) fn bytes(self) -> usize {
-        shape::<V>(self.len()).layout.size()
+    ///
+    /// # Safety
+    ///
+    /// As for [`RecordPtr::len`].
+    pub(crate) unsafe fn bytes(self) -> usize {
+        // SAFETY: the record is live (caller contract).
+        shape::<V>(unsafe { self.len() }).layout.size()
     }
 
     /// The record's memory as a [`RecordMem`] owning its first `owned`
@@ -241,7 +254,8 @@ impl<V> RecordPtr<V> {
     unsafe fn memory(self, owned: usize) -> RecordMem<V> {
         RecordMem {
             base: self.ptr.as_ptr().cast(),
-            layout: shape::<V>(self.len()).layout,
+            // SAFETY: we own the record, so it is live (caller contract).
+            layout: shape::<V>(unsafe { self.len() }).layout,
             values: self.values_ptr(),
             written: owned,
         }
