@@ -403,7 +403,7 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
         self
     }
 
-    /// Whether the address index puts tables of 2 MiB and more on
+    /// Whether the address index puts tables of 8 MiB and more on
     /// transparent huge pages (default on; see
     /// [`AddrIndexBuilder::huge_pages`](crate::AddrIndexBuilder::huge_pages)).
     pub fn huge_pages(mut self, on: bool) -> Self {

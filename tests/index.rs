@@ -874,7 +874,7 @@ fn readers_see_permanent_keys_through_resizes() {
     permanent_keys_through_resizes(3000, true);
 }
 
-/// The same with tables of 2 MiB and more (256k to 512k slots, on huge
+/// The same with large tables (256k to 512k slots; the 8 MiB ones on huge
 /// pages where the kernel has them: `huge_pages` is on by default),
 /// grown by one-by-one inserts (incremental migration into mapped
 /// tables) and shrunk again: a reader that touched a table after its

@@ -72,7 +72,7 @@ fn live() -> isize {
 }
 
 /// Bytes of the mappings advised onto huge pages (`hg` in `VmFlags`): the
-/// index's tables of 2 MiB and more, which bypass the global allocator
+/// index's tables of 8 MiB and more, which bypass the global allocator
 /// (`huge_pages`, on by default). Nothing else in this process advises
 /// memory so. `None` where `/proc/self/smaps` or transparent huge pages
 /// are missing.
@@ -96,8 +96,13 @@ fn mapped_tables() -> Option<usize> {
 /// between two measurements (libtest's output capture, thread names).
 const SLACK: isize = 16 << 10;
 
-/// One round on the index: grow to 100k values over 50k addresses with two
-/// readers running, remove half one by one (copy-on-write), then `clear()`.
+/// Addresses of [`index_round`]: enough for an 8 MiB table (524,288
+/// slots), the size from which tables are mapped onto huge pages.
+const ROUND_ADDRS: u64 = 150_000;
+
+/// One round on the index: grow to 300k values over 150k addresses with
+/// two readers running, remove half one by one (copy-on-write), then
+/// `clear()`.
 fn index_round(index: &Arc<AddrIndex<Vec<u8>>>) -> isize {
     let stop = Arc::new(AtomicBool::new(false));
     let readers: Vec<_> = (0..2)
@@ -106,7 +111,7 @@ fn index_round(index: &Arc<AddrIndex<Vec<u8>>>) -> isize {
             std::thread::spawn(move || {
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    for a in (r..50_000u64).step_by(97) {
+                    for a in (r..ROUND_ADDRS).step_by(97) {
                         n += index.lookup(a, |v| v.len() as u64).unwrap_or(0);
                     }
                 }
@@ -115,17 +120,17 @@ fn index_round(index: &Arc<AddrIndex<Vec<u8>>>) -> isize {
         })
         .collect();
     let mut ids = index
-        .insert_many((0..100_000u64).map(|i| (i % 50_000, vec![i as u8; 24])))
+        .insert_many((0..2 * ROUND_ADDRS).map(|i| (i % ROUND_ADDRS, vec![i as u8; 24])))
         .unwrap();
     let peak = live();
     if let Some(mapped) = mapped_tables() {
         assert!(
-            mapped >= 2 << 20,
-            "the 50k-address table is mapped: {mapped} B"
+            mapped >= 8 << 20,
+            "the 150k-address table is mapped: {mapped} B"
         );
     }
     for (i, id) in ids.drain(..).enumerate().step_by(2) {
-        index.remove(i as u64 % 50_000, id).unwrap();
+        index.remove(i as u64 % ROUND_ADDRS, id).unwrap();
     }
     index.clear();
     stop.store(true, Ordering::Relaxed);
@@ -264,13 +269,13 @@ fn memory_returns_to_baseline_after_clear_and_barrier() {
     );
 
     // Mapped tables give back all of their address space, trimmed ends
-    // included: 128 indexes presized for 40,000 addresses (a 2 MiB table
+    // included: 128 indexes presized for 150,000 addresses (an 8 MiB table
     // each, its own mapping with one small page of tail) built and dropped.
     // A table that kept one page mapped would add 512 KiB here; one whose
     // over-mapping was not trimmed, 256 MiB.
     if let Some(vm0) = vm_size() {
         for a in 0..128u64 {
-            let index = AddrIndex::<u64>::with_capacity(40_000);
+            let index = AddrIndex::<u64>::with_capacity(ROUND_ADDRS as usize);
             index.insert(a, a).unwrap();
         }
         rcu::barrier();

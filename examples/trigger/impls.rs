@@ -37,7 +37,7 @@ pub const NAMES: &[(&str, &str)] = &[
     ),
     (
         "fprobe-small-pages",
-        "fprobe with huge_pages(false): its table on the global allocator's 4 KiB pages, like every peer's",
+        "fprobe with huge_pages(false): its table on the global allocator's 4 KiB pages, like every peer's (fprobe's too below 8 MiB: ~131k addresses)",
     ),
     (
         "hashbrown-ceiling",

@@ -34,7 +34,7 @@
 //! later writes; readers follow the chain. The algorithm and its invariants
 //! are documented in the (private) `raw` module.
 //!
-//! Tables of 2 MiB and more (131,072 slots: from about 33,000 addresses
+//! Tables of 8 MiB and more (524,288 slots: from about 131,000 addresses
 //! up) are mapped on their own, at a 2 MiB boundary, and advised onto
 //! transparent huge pages on Linux: a lookup into a table of a million
 //! addresses then needs one TLB entry per 2 MiB instead of per 4 KiB. See

@@ -137,7 +137,7 @@ pub(crate) struct Config {
     pub(crate) seed: u64,
     pub(crate) stripes: usize,
     pub(crate) hit_cache: Option<crate::cache::HitCacheConfig>,
-    /// Tables of 2 MiB and more on transparent huge pages (`slots.rs`).
+    /// Tables of 8 MiB and more on transparent huge pages (`slots.rs`).
     pub(crate) huge_pages: bool,
 }
 

@@ -5,10 +5,19 @@
 //! # Why huge pages
 //!
 //! A table is one array that every lookup indexes at random. At 4 KiB per
-//! page a table of 2 MiB spans 512 pages and one of 32 MiB (a million
-//! addresses) 8,192, more than a core's second-level TLB holds, so a cold
-//! lookup can pay a page walk on top of its cache misses. On 2 MiB pages
-//! the same tables need 1 and 16 TLB entries.
+//! page a table of 32 MiB (a million addresses) spans 8,192 pages, more
+//! than a core's second-level TLB holds (1,536 to 3,072 entries on recent
+//! x86-64 cores: 6 to 12 MiB of reach), so a cold lookup can pay a page
+//! walk on top of its cache misses. On 2 MiB pages it needs 16 entries.
+//!
+//! Smaller tables fit that reach in small pages, and there huge pages
+//! measured no steady gain: a 2 MiB table (50,000 addresses) read 0.87 to
+//! 1.10 of its small-page twin over three sessions, against measured
+//! costs: every rebuild maps fresh memory and unmaps the old table (a TLB
+//! shootdown on the process's other CPUs) where the allocator would reuse
+//! its memory, and single inserts took 4.5 to 24 ms when the kernel was
+//! slow to produce a huge page (BENCHMARKS.md, "Huge pages"). So only arrays of [`HUGE_FROM`] bytes and more are
+//! mapped.
 //!
 //! Growth pays for the pages too. Every table a growth attaches is fresh
 //! memory from the kernel, faulted in page by page as the migration
@@ -18,13 +27,13 @@
 //!
 //! # What is mapped
 //!
-//! Arrays of at least [`HUGE`] bytes, when the index's `huge_pages`
+//! Arrays of at least [`HUGE_FROM`] bytes, when the index's `huge_pages`
 //! setting is on (the default): `mmap` of the array rounded up to a page,
 //! placed at a 2 MiB boundary (a mapping 2 MiB larger, trimmed at both
 //! ends), and `madvise(MADV_HUGEPAGE)` on its whole 2 MiB blocks only: the
 //! tail that does not fill a block stays on small pages, so no table holds
-//! more than it uses (a 2 MiB + 16 B array takes one huge page and one
-//! small one, not two huge ones). The kernel zero-fills the pages, as
+//! more than it uses (an 8 MiB + 16 B array takes four huge pages and one
+//! small one, not five huge ones). The kernel zero-fills the pages, as
 //! `alloc_zeroed` guarantees for the heap path.
 //!
 //! Whether the kernel then uses huge pages is its choice:
@@ -57,11 +66,18 @@ use std::ptr::NonNull;
 
 use super::table::Slot;
 
-/// Smallest array placed on huge pages: one 2 MiB page (x86-64's and
-/// most Linux targets' huge page size; where it is larger, `madvise` covers
-/// no whole block and the mapping keeps small pages).
+/// The huge page size the mapping is aligned to and advised in blocks of:
+/// 2 MiB (x86-64's and most Linux targets' huge page size; where it is
+/// larger, `madvise` covers no whole block and the mapping keeps small
+/// pages).
 #[cfg(all(target_os = "linux", not(miri), not(loom)))]
 const HUGE: usize = 2 << 20;
+
+/// Smallest array placed on huge pages: 8 MiB (524,288 slots, the table
+/// of an index of more than 131,072 addresses), about the second-level
+/// TLB's reach in 4 KiB pages (module docs).
+#[cfg(all(target_os = "linux", not(miri), not(loom)))]
+const HUGE_FROM: usize = 8 << 20;
 
 /// A table's slots, zeroed (empty) when made.
 #[cfg(not(loom))]
@@ -103,7 +119,7 @@ impl SlotArray {
         assert!(n > 0);
         let layout = std::alloc::Layout::array::<Slot>(n).expect("table size overflow");
         #[cfg(all(target_os = "linux", not(miri)))]
-        if huge && layout.size() >= HUGE {
+        if huge && layout.size() >= HUGE_FROM {
             if let Some((ptr, mapped)) = map_huge(layout.size()) {
                 return Self {
                     ptr: ptr.cast(),
@@ -264,20 +280,26 @@ mod tests {
         }
     }
 
-    /// Arrays of a whole huge page and more are mapped at a 2 MiB
+    /// Arrays of `HUGE_FROM` bytes and more are mapped at a 2 MiB
     /// boundary, tail included; smaller ones, and any with the setting
     /// off, come from the global allocator.
     #[test]
-    #[cfg_attr(miri, ignore = "a 2 MiB array is slow under miri")]
+    #[cfg_attr(miri, ignore = "an 8 MiB array is slow under miri")]
     fn large_arrays_are_mapped_at_huge_page_boundaries() {
-        let n = (2 << 20) / SLOT + 1; // one huge block and a 16-byte tail
+        let n = (8 << 20) / SLOT + 1; // four huge blocks and a 16-byte tail
         let a = SlotArray::zeroed(n, true);
         check_zeroed_and_writable(&a, n);
         if cfg!(all(target_os = "linux", not(miri))) {
             assert!(a.is_mapped());
             assert_eq!(a.as_ptr() as usize % (2 << 20), 0);
         }
-        for (n, huge) in [(n, false), ((2 << 20) / SLOT - 1, true), (9, true)] {
+        let small = [
+            (n, false),
+            ((8 << 20) / SLOT - 1, true),
+            ((2 << 20) / SLOT + 1, true),
+            (9, true),
+        ];
+        for (n, huge) in small {
             let a = SlotArray::zeroed(n, huge);
             assert!(!a.is_mapped(), "{n} slots, huge {huge}");
             check_zeroed_and_writable(&a, n);
@@ -292,7 +314,7 @@ mod tests {
     #[cfg(all(target_os = "linux", not(miri)))]
     #[test]
     fn mapped_arrays_are_advised_onto_huge_pages() {
-        let n = (4 << 20) / SLOT + 1;
+        let n = (8 << 20) / SLOT + 1;
         let a = SlotArray::zeroed(n, true);
         for i in (0..n).step_by(4096 / SLOT) {
             a[i].key.store(1, Ordering::Relaxed);
