@@ -6,6 +6,19 @@
 //! …), so that the shared machine's slow stretches of a few seconds fall
 //! on all variants alike, not on whichever ran its rounds then.
 //!
+//! `--bench churn-alt`: the same variants, measured inside each phase
+//! instead of across phases. One writer thread is started per phase and
+//! held and let run in turn every 20 ms ([`WINDOW`]); while held it spins,
+//! so both kinds of window have the writer's CPU busy and differ only in
+//! its index operations. Each running window is divided by the mean of the
+//! held windows on either side, and the target is judged on the median of
+//! those ratios. On the project's VM a phase-level ratio moved by ±0.1 from
+//! the VM's own drift (`--bench churn`'s spin control read 0.85–0.99 in
+//! three runs one morning), which paired 20 ms windows cancel: in three
+//! `churn-alt` runs that morning all three controls read 0.98–1.01. Each
+//! phase (25 pairs, about a second) is still classed near or far by the
+//! round trip around it. `--rounds N` gives 3 N phases per variant.
+//!
 //! Variants:
 //! * `disjoint`: uniform readers over the address set; the writer churns a
 //!   window of 4,096 other addresses (insert a new one, remove the oldest).
@@ -44,7 +57,6 @@
 //! round trip), with the reader time lost per write in each.
 
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use fprobe::rcu;
@@ -52,8 +64,8 @@ use fprobe::rcu;
 use crate::Config;
 use crate::addrs::{self, Workload};
 use crate::churn::{
-    Churned, Fprobe, Pooled, SUMMARY_HEADERS, churn_disjoint, churn_hot, churning, idle,
-    near_cutoff, or_dash, summary_cells,
+    Alternation, Churned, Fprobe, GUARD, Gate, Pooled, SUMMARY_HEADERS, WINDOW, alternating,
+    churn_disjoint, churn_hot, churning, idle, near_cutoff, or_dash, summary_cells,
 };
 use crate::harness;
 use crate::impls::{self, BATCH};
@@ -87,11 +99,41 @@ const PACED_OPS: f64 = 10_000.0;
 /// comes.
 const MILLION_OPS: f64 = 1_000_000.0;
 
+/// How a variant's reader is compared with and without its writer.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// Idle and churning phases of a second or so, in turn (`--bench churn`).
+    Phases,
+    /// The writer held and let run every [`WINDOW`] inside one phase,
+    /// windows paired (`--bench churn-alt`).
+    Alternating,
+}
+
+/// `--bench churn`.
 pub fn run(cfg: &Config) -> Vec<Row> {
+    run_mode(cfg, Mode::Phases)
+}
+
+/// `--bench churn-alt`.
+pub fn run_alternating(cfg: &Config) -> Vec<Row> {
+    run_mode(cfg, Mode::Alternating)
+}
+
+/// On windows per alternating phase: about a second per phase.
+const PAIRS: usize = 25;
+
+fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
     let set = addrs::load(cfg.source, cfg.addrs, cfg.seed);
     let n = set.addrs.len();
     let readers = 1;
-    println!("## churn\n");
+    println!(
+        "## {}\n",
+        if mode == Mode::Phases {
+            "churn"
+        } else {
+            "churn-alt"
+        }
+    );
     println!(
         "addresses: {n} from {}; {readers} reader (fprobe get, one read_lock per 100) + 1 writer thread, \
          pinned to different CPUs where there are two; \
@@ -140,6 +182,7 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     #[derive(Default)]
     struct Variant {
         phases: Pooled,
+        alternations: Vec<Alternation>,
         gps: Vec<f64>,
         tables: Vec<f64>,
     }
@@ -147,7 +190,12 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     // Round-robin: every round runs each variant's idle and churn phases in
     // turn, so a slow stretch of the shared machine lands on every variant
     // alike instead of on whichever ran its rounds then.
-    for round in 0..=cfg.rounds {
+    // Alternating: three phases per round (each has its own off windows).
+    let rounds = match mode {
+        Mode::Phases => cfg.rounds + 1,
+        Mode::Alternating => 3 * cfg.rounds.max(1),
+    };
+    for round in 0..rounds {
         for (&(variant, workload, writer), p) in variants.iter().zip(&mut pooled) {
             let stream = if workload == Workload::Hot {
                 &hot_stream
@@ -167,17 +215,41 @@ pub fn run(cfg: &Config) -> Vec<Row> {
                 read_from
             };
             let read = |b: &[u64]| read_from.read(b);
-            let write = |stop: &AtomicBool| match writer {
+            let write = |gate: Gate| match writer {
                 Writer::Disjoint | Writer::DisjointSmallPages | Writer::OtherIndex => {
-                    churn_disjoint(&mut &*written, top, stop, f64::INFINITY)
+                    churn_disjoint(&mut &*written, top, gate)
                 }
-                Writer::DisjointPaced => churn_disjoint(&mut &*written, top, stop, PACED_OPS),
-                Writer::HotSet => churn_hot(&mut &*written, &hot, stop, f64::INFINITY),
-                Writer::HotSetMillion => churn_hot(&mut &*written, &hot, stop, MILLION_OPS),
-                Writer::HotSetPaced => churn_hot(&mut &*written, &hot, stop, PACED_OPS),
-                Writer::Hashbrown => churn_disjoint(&mut private.clone(), top, stop, f64::INFINITY),
-                Writer::Spin => spin(stop),
+                Writer::DisjointPaced => churn_disjoint(&mut &*written, top, gate.paced(PACED_OPS)),
+                Writer::HotSet => churn_hot(&mut &*written, &hot, gate),
+                Writer::HotSetMillion => churn_hot(&mut &*written, &hot, gate.paced(MILLION_OPS)),
+                Writer::HotSetPaced => churn_hot(&mut &*written, &hot, gate.paced(PACED_OPS)),
+                Writer::Hashbrown => churn_disjoint(&mut private.clone(), top, gate),
+                Writer::Spin => spin(gate),
             };
+            let (gp0, rs0, t0) = (
+                rcu::stats().reclaim_grace_periods,
+                written.0.stats().resizes,
+                Instant::now(),
+            );
+            if mode == Mode::Alternating {
+                let a = alternating(cfg, stream, &read, &write, PAIRS);
+                let secs = t0.elapsed().as_secs_f64();
+                p.gps
+                    .push((rcu::stats().reclaim_grace_periods - gp0) as f64 / secs);
+                p.tables
+                    .push((written.0.stats().resizes - rs0) as f64 / secs);
+                eprintln!(
+                    "  churn-alt {variant:<8} round {}  reader off {:>8.2} M/s, on {:>8.2} M/s, paired on ÷ off {:.3}, writer {:.3} M ops/s, round trip {} ns",
+                    round + 1,
+                    harness::median(&a.off) / 1e6,
+                    harness::median(&a.on) / 1e6,
+                    harness::median(&a.ratios().collect::<Vec<_>>()),
+                    a.writes / 1e6,
+                    or_dash(a.round_trip, 0)
+                );
+                p.alternations.push(a);
+                continue;
+            }
             let s = idle(cfg, stream, &read);
             eprintln!(
                 "  churn {variant:<8} round {}  writer idle      reader {:>8.2} M/s",
@@ -208,6 +280,50 @@ pub fn run(cfg: &Config) -> Vec<Row> {
             p.tables.push(rs);
             p.phases.churn.push(c);
         }
+    }
+    if mode == Mode::Alternating {
+        let phases: Vec<&[Alternation]> = pooled.iter().map(|v| &v.alternations[..]).collect();
+        let cutoff = alternation_cutoff(&phases);
+        let mut rows = Vec::new();
+        let mut body = Vec::new();
+        for (&(variant, _, _), v) in variants.iter().zip(&pooled) {
+            let mut cells = vec![variant.to_string()];
+            cells.extend(alternation_cells(&v.alternations, cutoff));
+            cells.insert(4, format!("{:.0}", harness::median(&v.gps)));
+            cells.insert(5, format!("{:.0}", harness::median(&v.tables)));
+            body.push(cells);
+            let off = v.alternations.iter().flat_map(|a| a.off.iter().copied());
+            let on = v.alternations.iter().flat_map(|a| a.on.iter().copied());
+            for (imp, rates) in [
+                ("fprobe, writer held", off.collect::<Vec<_>>()),
+                ("fprobe, writer running", on.collect()),
+            ] {
+                let s = harness::Samples { rates, unpinned: 0 };
+                rows.push(Row::rate(
+                    "churn-alt",
+                    variant.into(),
+                    n,
+                    imp.into(),
+                    readers,
+                    &s,
+                ));
+            }
+        }
+        report::print_table(
+            &format!(
+                "churn-alt: reader M/s in {} ms windows, writer held and running in turn ({n} addresses)",
+                WINDOW.as_millis()
+            ),
+            &ALTERNATION_HEADERS,
+            &body,
+        );
+        println!(
+            "Each running window ÷ the mean of the held windows before and after it, the first \
+             {} ms of every window uncounted; medians over all windows of the variant; the spread is \
+             the 25th–75th percentile of those ratios. Near / far phases as in --bench churn.\n",
+            GUARD.as_millis()
+        );
+        return rows;
     }
     let mut rows = Vec::new();
     let mut body = Vec::new();
@@ -257,16 +373,127 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     rows
 }
 
-/// Control: integer arithmetic in registers until stopped; returns 0 (no
-/// index operations).
-fn spin(stop: &AtomicBool) -> u64 {
+/// Control: integer arithmetic in registers while the gate lets it;
+/// returns 0 (no index operations).
+fn spin(mut gate: Gate) -> u64 {
     let mut x = 1u64;
-    // Relaxed: a stop request, polled.
-    while !stop.load(Ordering::Relaxed) {
+    while gate.next(0) {
         for _ in 0..1024 {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
         }
         x = black_box(x);
     }
     0
+}
+
+/// Headers of the `churn-alt` table.
+const ALTERNATION_HEADERS: [&str; 11] = [
+    "variant",
+    "reader M/s, writer held (median window)",
+    "reader M/s, writer running",
+    "writer M ops/s while running",
+    "reclaimer grace periods/s",
+    "tables attached/s",
+    "round trip ns, median (far phases)",
+    "running ÷ held, paired windows (median, target ≥ 0.9×)",
+    "spread of the paired ratios (p25–p75)",
+    "near phases / far phases",
+    "reader ns lost per write, near / far",
+];
+
+/// As [`near_cutoff`], over alternating phases.
+fn alternation_cutoff(variants: &[&[Alternation]]) -> Option<f64> {
+    variants
+        .iter()
+        .flat_map(|v| v.iter().filter_map(|a| a.round_trip))
+        .min_by(f64::total_cmp)
+        .map(|lowest| 3.0 * lowest)
+}
+
+/// One variant's cells of the `churn-alt` table, but for the reclaimer's
+/// and the table's rates (inserted by the caller).
+fn alternation_cells(phases: &[Alternation], cutoff: Option<f64>) -> Vec<String> {
+    let far = |a: &Alternation| matches!((a.round_trip, cutoff), (Some(rt), Some(c)) if rt > c);
+    let ratios = |keep: &dyn Fn(&Alternation) -> bool| -> Vec<f64> {
+        phases
+            .iter()
+            .filter(|a| keep(a))
+            .flat_map(|a| a.ratios())
+            .collect()
+    };
+    let all = ratios(&|_| true);
+    let (near_r, far_r) = (ratios(&|a| !far(a)), ratios(&|a| far(a)));
+    let n_far = phases.iter().filter(|a| far(a)).count();
+    let verdict = |r: f64| if r >= 0.9 { " met" } else { " **missed**" };
+    let writes = harness::median(&phases.iter().map(|a| a.writes).collect::<Vec<_>>());
+    let lost = |keep: &dyn Fn(&Alternation) -> bool| -> Option<f64> {
+        let per_phase: Vec<f64> = phases
+            .iter()
+            .filter(|a| keep(a) && a.writes >= 0.5e6)
+            .map(|a| (1.0 - harness::median(&a.ratios().collect::<Vec<_>>())) / a.writes * 1e9)
+            .collect();
+        (!per_phase.is_empty()).then(|| harness::median(&per_phase))
+    };
+    let cell = |r: &[f64], n: usize| {
+        if r.is_empty() {
+            "— (0)".to_string()
+        } else {
+            let m = harness::median(r);
+            format!("{m:.3}×{} ({n})", verdict(m))
+        }
+    };
+    let rts: Vec<f64> = phases.iter().filter_map(|a| a.round_trip).collect();
+    let m = harness::median(&all);
+    vec![
+        format!(
+            "{:.2}",
+            harness::median(
+                &phases
+                    .iter()
+                    .flat_map(|a| a.off.iter().copied())
+                    .collect::<Vec<_>>()
+            ) / 1e6
+        ),
+        format!(
+            "{:.2}",
+            harness::median(
+                &phases
+                    .iter()
+                    .flat_map(|a| a.on.iter().copied())
+                    .collect::<Vec<_>>()
+            ) / 1e6
+        ),
+        format!("{:.3}", writes / 1e6),
+        format!(
+            "{} ({n_far} of {})",
+            or_dash((!rts.is_empty()).then(|| harness::median(&rts)), 0),
+            phases.len()
+        ),
+        format!("{m:.3}×{}", verdict(m)),
+        format!(
+            "{:.3}–{:.3}",
+            percentile(&all, 0.25),
+            percentile(&all, 0.75)
+        ),
+        format!(
+            "{} / {}",
+            cell(&near_r, phases.len() - n_far),
+            cell(&far_r, n_far)
+        ),
+        format!(
+            "{} / {}",
+            or_dash(lost(&|a| !far(a)), 1),
+            or_dash(lost(&|a| far(a)), 1)
+        ),
+    ]
+}
+
+/// The `q` quantile of `xs` (nearest rank), NaN when empty.
+fn percentile(xs: &[f64], q: f64) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
 }

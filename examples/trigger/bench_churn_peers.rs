@@ -26,13 +26,11 @@
 //! as `--bench churn` does (near / far). Where the ratio is close to 0 (the
 //! locked maps) the figure only restates the writer's rate.
 
-use std::sync::atomic::AtomicBool;
-
 use crate::Config;
 use crate::addrs::{self, Workload};
 use crate::churn::{
-    Churned, Fprobe, Pooled, SUMMARY_HEADERS, Writes, churn_disjoint, churn_hot, churning, idle,
-    near_cutoff, or_dash, summary_cells,
+    Churned, Fprobe, Gate, Pooled, SUMMARY_HEADERS, Writes, churn_disjoint, churn_hot, churning,
+    idle, near_cutoff, or_dash, summary_cells,
 };
 use crate::impls::{self, BATCH, LookupImpl};
 use crate::report::{self, Row};
@@ -222,9 +220,9 @@ pub fn run(cfg: &Config) -> Vec<Row> {
                 if round == cfg.rounds {
                     continue; // idle phases bracket every churn phase
                 }
-                let write = |stop: &AtomicBool| match writer {
-                    Writer::Disjoint => churn_disjoint(&mut &*map, top, stop, f64::INFINITY),
-                    Writer::HotSet => churn_hot(&mut &*map, &hot, stop, f64::INFINITY),
+                let write = |gate: Gate| match writer {
+                    Writer::Disjoint => churn_disjoint(&mut &*map, top, gate),
+                    Writer::HotSet => churn_hot(&mut &*map, &hot, gate),
                 };
                 let c = churning(cfg, stream, &read, &write);
                 eprintln!(

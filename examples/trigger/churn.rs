@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use fprobe::{AddrIndex, EntryId};
 
@@ -80,16 +80,78 @@ impl Churned for Fprobe {
     }
 }
 
+/// When a writer loop may run its next operation: until `stop`, held while
+/// `paused` is set (the alternating benchmark's "off" windows), and at most
+/// `rate` operations per second of running time.
+pub struct Gate<'a> {
+    stop: &'a AtomicBool,
+    paused: Option<&'a AtomicBool>,
+    rate: f64,
+    /// Start of the current run of operations, and the count at that start.
+    t0: Instant,
+    base: u64,
+}
+
+impl<'a> Gate<'a> {
+    /// Runs until `stop`, flat out.
+    pub fn new(stop: &'a AtomicBool) -> Self {
+        Self {
+            stop,
+            paused: None,
+            rate: f64::INFINITY,
+            t0: Instant::now(),
+            base: 0,
+        }
+    }
+
+    /// Runs until `stop`, holding while `paused` is set.
+    pub fn alternating(stop: &'a AtomicBool, paused: &'a AtomicBool) -> Self {
+        Self {
+            paused: Some(paused),
+            ..Self::new(stop)
+        }
+    }
+
+    /// At most `rate` operations per second while running.
+    pub fn paced(mut self, rate: f64) -> Self {
+        self.rate = rate;
+        self
+    }
+
+    /// Waits while paused (spinning: the writer's CPU stays busy either
+    /// way) and while `ops` is ahead of the rate; `false` once stopped.
+    pub fn next(&mut self, ops: u64) -> bool {
+        // Relaxed: stop and pause requests, polled.
+        if let Some(paused) = self.paused {
+            if paused.load(Ordering::Relaxed) {
+                while paused.load(Ordering::Relaxed) {
+                    if self.stop.load(Ordering::Relaxed) {
+                        return false;
+                    }
+                    std::hint::spin_loop();
+                }
+                // The pace counts running time only: no burst to catch up
+                // on the paused window.
+                (self.t0, self.base) = (Instant::now(), ops);
+            }
+        }
+        if self.rate.is_finite() {
+            while (ops - self.base) as f64 > self.rate * self.t0.elapsed().as_secs_f64() {
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        }
+        !self.stop.load(Ordering::Relaxed)
+    }
+}
+
 /// Inserts fresh addresses above the read set (`top`) and removes the
-/// oldest once 4,096 are in, at most `rate` operations per second; returns
-/// the number of operations.
-pub fn churn_disjoint(w: &mut impl Writes, top: u64, stop: &AtomicBool, rate: f64) -> u64 {
-    let t0 = Instant::now();
+/// oldest once 4,096 are in, while `gate` lets it; returns the number of
+/// operations.
+pub fn churn_disjoint(w: &mut impl Writes, top: u64, mut gate: Gate) -> u64 {
     const WINDOW: usize = 4096;
     let mut live: VecDeque<(u64, u64)> = VecDeque::with_capacity(WINDOW + 1);
     let (mut next, mut ops) = ((top & !15) + 0x1000, 0u64);
-    // Relaxed: a stop request, polled.
-    while !stop.load(Ordering::Relaxed) {
+    while gate.next(ops) {
         live.push_back((next, w.insert(next, next)));
         next += 16;
         ops += 1;
@@ -98,7 +160,6 @@ pub fn churn_disjoint(w: &mut impl Writes, top: u64, stop: &AtomicBool, rate: f6
             w.remove(a, token);
             ops += 1;
         }
-        pace(ops, rate, t0);
     }
     for (a, token) in live {
         w.remove(a, token);
@@ -106,30 +167,18 @@ pub fn churn_disjoint(w: &mut impl Writes, top: u64, stop: &AtomicBool, rate: f6
     ops
 }
 
-/// Adds a value to each hot address in turn and removes it again, at most
-/// `rate` operations per second.
-pub fn churn_hot(w: &mut impl Writes, hot: &[u64], stop: &AtomicBool, rate: f64) -> u64 {
-    let t0 = Instant::now();
+/// Adds a value to each hot address in turn and removes it again, while
+/// `gate` lets it.
+pub fn churn_hot(w: &mut impl Writes, hot: &[u64], mut gate: Gate) -> u64 {
     let (mut ops, mut k) = (0u64, 0);
-    // Relaxed: a stop request, polled.
-    while !stop.load(Ordering::Relaxed) {
+    while gate.next(ops) {
         let a = hot[k];
         let token = w.insert(a, 7);
         w.remove(a, token);
         ops += 2;
         k = (k + 1) % hot.len();
-        pace(ops, rate, t0);
     }
     ops
-}
-
-/// Sleeps while `ops` is ahead of `rate` operations per second since `t0`.
-fn pace(ops: u64, rate: f64, t0: Instant) {
-    if rate.is_finite() {
-        while ops as f64 > rate * t0.elapsed().as_secs_f64() {
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        }
-    }
 }
 
 /// One phase: one reader, `read` over `stream` in batches of [`BATCH`],
@@ -140,7 +189,7 @@ fn phase(
     cfg: &Config,
     stream: &[u64],
     read: &(dyn Fn(&[u64]) -> u64 + Sync),
-    writer: Option<&(dyn Fn(&AtomicBool) -> u64 + Sync)>,
+    writer: Option<&(dyn Fn(Gate) -> u64 + Sync)>,
 ) -> (Samples, f64) {
     let stop_writer = AtomicBool::new(false);
     let ops = AtomicU64::new(0);
@@ -154,7 +203,7 @@ fn phase(
                     harness::pin_to(cpu);
                 }
                 // Relaxed: read after the scope joins this thread.
-                ops.store(writer(stop_writer), Ordering::Relaxed);
+                ops.store(writer(Gate::new(stop_writer)), Ordering::Relaxed);
             });
         }
         let samples = harness::run_producers(1, 0, &cfg.cpus, cfg.timing, |_, counter, stop| {
@@ -200,7 +249,7 @@ pub fn churning(
     cfg: &Config,
     stream: &[u64],
     read: &(dyn Fn(&[u64]) -> u64 + Sync),
-    writer: &(dyn Fn(&AtomicBool) -> u64 + Sync),
+    writer: &(dyn Fn(Gate) -> u64 + Sync),
 ) -> Churning {
     let before = round_trip_ns(&cfg.cpus);
     let (samples, writes) = phase(cfg, stream, read, Some(writer));
@@ -208,6 +257,116 @@ pub fn churning(
     Churning {
         samples,
         writes,
+        round_trip: before.zip(after).map(|(b, a)| b.max(a)),
+    }
+}
+
+/// Length of one window of an alternating phase, and the part at its start
+/// whose lookups are not counted (the writer stopping or starting, its
+/// retirements of the window before still being reclaimed: 1 ms of
+/// coalescing and a grace period).
+pub const WINDOW: Duration = Duration::from_millis(20);
+pub const GUARD: Duration = Duration::from_millis(3);
+
+/// One alternating phase: the reader's rate in every window, the writer off
+/// and on in turn, with the round trip measured around the phase.
+pub struct Alternation {
+    /// Lookups per second of the windows with the writer held, `pairs + 1`
+    /// of them: one before and one after every `on` window.
+    pub off: Vec<f64>,
+    /// Lookups per second of the windows with the writer running.
+    pub on: Vec<f64>,
+    /// The writer's operations per second of running time.
+    pub writes: f64,
+    /// As [`Churning::round_trip`].
+    pub round_trip: Option<f64>,
+}
+
+impl Alternation {
+    /// Every `on` window ÷ the mean of the two `off` windows around it.
+    pub fn ratios(&self) -> impl Iterator<Item = f64> + '_ {
+        self.on
+            .iter()
+            .enumerate()
+            .map(|(i, on)| on / ((self.off[i] + self.off[i + 1]) / 2.0))
+    }
+}
+
+/// One reader on the first CPU and `writer` on the next, the writer held
+/// and let run in turn every [`WINDOW`]: off, on, off, …, off (`pairs` on
+/// windows), after one uncounted off window while the writer thread starts.
+/// The writer is started once and keeps its state (its window of live
+/// addresses, its pace) across the pauses, and it spins while held, so
+/// the two kinds of window differ only in its index operations; the
+/// shared machine's slower drifts, seconds long on the project's VM, fall
+/// on both alike.
+pub fn alternating(
+    cfg: &Config,
+    stream: &[u64],
+    read: &(dyn Fn(&[u64]) -> u64 + Sync),
+    writer: &(dyn Fn(Gate) -> u64 + Sync),
+    pairs: usize,
+) -> Alternation {
+    let before = round_trip_ns(&cfg.cpus);
+    let (stop, paused) = (AtomicBool::new(false), AtomicBool::new(true));
+    let (off, on, ops, on_time) = std::thread::scope(|s| {
+        let writer_cpu = cfg.cpus.get(1 % cfg.cpus.len().max(1)).copied();
+        let (stop, paused) = (&stop, &paused);
+        let w = s.spawn(move || {
+            if let Some(cpu) = writer_cpu {
+                harness::pin_to(cpu);
+            }
+            writer(Gate::alternating(stop, paused))
+        });
+        let r = s.spawn(|| {
+            if let Some(&cpu) = cfg.cpus.first() {
+                harness::pin_to(cpu);
+            }
+            let (mut pos, mut acc) = (0, 0u64);
+            let (mut off, mut on, mut on_time) = (Vec::new(), Vec::new(), Duration::ZERO);
+            for w in 0..2 * pairs + 2 {
+                // Window 0 is the uncounted start; then off, on, …, off.
+                let running = w % 2 == 0 && w > 0;
+                // Relaxed: the writer polls it; a window's first GUARD
+                // covers the time it takes to notice.
+                paused.store(!running, Ordering::Relaxed);
+                let start = Instant::now();
+                let (mut t, mut counted_from, mut n) = (start, None, 0u64);
+                while t < start + WINDOW {
+                    acc = acc.wrapping_add(read(black_box(&stream[pos..pos + BATCH])));
+                    pos = (pos + BATCH) % stream.len();
+                    t = Instant::now();
+                    match counted_from {
+                        Some(_) => n += 1,
+                        None if t >= start + GUARD => counted_from = Some(t),
+                        None => {}
+                    }
+                }
+                let rate = counted_from.map_or(f64::NAN, |c| {
+                    (n * BATCH as u64) as f64 / (t - c).as_secs_f64()
+                });
+                match (w, running) {
+                    (0, _) => {}
+                    (_, true) => {
+                        on.push(rate);
+                        on_time += t - start;
+                    }
+                    (_, false) => off.push(rate),
+                }
+            }
+            // Relaxed: the scope joins the writer.
+            stop.store(true, Ordering::Relaxed);
+            black_box(acc);
+            (off, on, on_time)
+        });
+        let (off, on, on_time) = r.join().expect("reader panicked");
+        (off, on, w.join().expect("writer panicked"), on_time)
+    });
+    let after = round_trip_ns(&cfg.cpus);
+    Alternation {
+        off,
+        on,
+        writes: ops as f64 / on_time.as_secs_f64(),
         round_trip: before.zip(after).map(|(b, a)| b.max(a)),
     }
 }

@@ -6,6 +6,7 @@
 //! cargo run --release --example trigger                      # lookup, both workloads, 1..=nproc threads
 //! cargo run --release --example trigger -- --bench registration
 //! cargo run --release --example trigger -- --bench churn
+//! cargo run --release --example trigger -- --bench churn-alt
 //! cargo run --release --example trigger -- --bench churn-peers
 //! cargo run --release --example trigger -- --bench kprobe-multi,kprobe-multi-all,kretprobe-multi-all
 //! cargo run --release --example trigger -- --bench objpool,uretprobe-nop --threads 1,2
@@ -64,6 +65,11 @@ pub const BENCHES: &[BenchDef] = &[
         name: "churn",
         about: "fprobe reader throughput while a writer inserts/removes, as a ratio to an idle writer",
         run: bench_churn::run,
+    },
+    BenchDef {
+        name: "churn-alt",
+        about: "the churn writers held and let run every 20 ms inside one phase, windows paired (less drift)",
+        run: bench_churn::run_alternating,
     },
     BenchDef {
         name: "churn-peers",
