@@ -1,7 +1,8 @@
 //! `--bench registration`: nanoseconds per address to register N addresses
 //! (one value each) into a fresh map, one by one and in bulk; median of 9,
-//! the implementations interleaved within each repetition, after 2 warm-up
-//! repetitions that are not counted. Every variant's clock starts before
+//! the implementations interleaved within each repetition (each repetition
+//! starting one variant further on), after 2 warm-up repetitions that are
+//! not counted. Every variant's clock starts before
 //! its map is constructed: `AddrIndex::with_capacity` makes its table
 //! resident up front (one page fault per page instead of two under the
 //! inserts), and that cost belongs to the registration.
@@ -131,7 +132,12 @@ pub fn run(cfg: &Config) -> Vec<Row> {
         }
     }
     for rep in 0..REPS {
-        for (k, (name, f)) in VARIANTS.iter().enumerate() {
+        // Each repetition starts one variant further on, so that every
+        // variant runs in every position (the first after the previous
+        // repetition's last map was dropped, …) about equally often.
+        for j in 0..VARIANTS.len() {
+            let k = (j + rep) % VARIANTS.len();
+            let (name, f) = &VARIANTS[k];
             let d = f(a);
             let per = d.as_nanos() as f64 / n as f64;
             eprintln!(

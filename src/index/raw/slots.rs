@@ -16,8 +16,8 @@
 //! costs: every rebuild maps fresh memory and unmaps the old table (a TLB
 //! shootdown on the process's other CPUs) where the allocator would reuse
 //! its memory, and single inserts took 4.5 to 24 ms when the kernel was
-//! slow to produce a huge page (BENCHMARKS.md, "Huge pages"). So only arrays of [`HUGE_FROM`] bytes and more are
-//! mapped.
+//! slow to produce a huge page (BENCHMARKS.md, "Huge pages"). So only
+//! arrays of [`HUGE_FROM`] bytes and more are mapped.
 //!
 //! Growth pays for the pages too. Every table a growth attaches is fresh
 //! memory from the kernel, faulted in page by page as the migration
