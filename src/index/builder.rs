@@ -150,14 +150,14 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
     /// growth faults a new table in 2 MiB at a time instead of 4 KiB
     /// (BENCHMARKS.md, "Huge pages"). Smaller tables stay on the global
     /// allocator either way: in 4 KiB pages they still fit a core's
-    /// second-level TLB, and huge pages measured no steady gain there. The kernel decides whether huge
-    /// pages are used (`/sys/kernel/mm/transparent_hugepage/enabled` must
-    /// not be `never`);
+    /// second-level TLB, and huge pages measured no steady gain there. The
+    /// kernel decides whether huge pages are used
+    /// (`/sys/kernel/mm/transparent_hugepage/enabled` must not be `never`);
     /// with its `defrag` setting at `madvise` or `always`, a fault may
     /// compact memory first, a latency some deployments avoid: turn this
     /// off there, and every table comes from the global allocator.
     ///
-    /// Off is also the better choice for an index whose table is rebuilt
+    /// Off is also the better choice for a large index whose table is rebuilt
     /// many times a second. For example, a writer that keeps adding fresh
     /// addresses and removing old ones leaves tombstones, and each rebuild
     /// then maps fresh memory. In that case the allocator's reuse of the old
