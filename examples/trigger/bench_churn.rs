@@ -64,8 +64,9 @@ use fprobe::rcu;
 use crate::Config;
 use crate::addrs::{self, Workload};
 use crate::churn::{
-    Alternation, Churned, Fprobe, GUARD, Gate, Pooled, SUMMARY_HEADERS, WINDOW, alternating,
-    churn_disjoint, churn_hot, churning, idle, near_cutoff, or_dash, summary_cells,
+    ALTERNATION_HEADERS, Alternation, Churned, Fprobe, Gate, PAIRS, Pooled, SUMMARY_HEADERS,
+    WINDOW, alternating, alternation_cells, alternation_cutoff, alternation_note, churn_disjoint,
+    churn_hot, churning, idle, near_cutoff, or_dash, summary_cells,
 };
 use crate::harness;
 use crate::impls::{self, BATCH};
@@ -118,9 +119,6 @@ pub fn run(cfg: &Config) -> Vec<Row> {
 pub fn run_alternating(cfg: &Config) -> Vec<Row> {
     run_mode(cfg, Mode::Alternating)
 }
-
-/// On windows per alternating phase: about a second per phase.
-const PAIRS: usize = 25;
 
 fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
     let set = addrs::load(cfg.source, cfg.addrs, cfg.seed);
@@ -284,11 +282,25 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
     if mode == Mode::Alternating {
         let phases: Vec<&[Alternation]> = pooled.iter().map(|v| &v.alternations[..]).collect();
         let cutoff = alternation_cutoff(&phases);
+        let h = ALTERNATION_HEADERS;
+        let headers = [
+            "variant",
+            h[0],
+            h[1],
+            h[2],
+            "reclaimer grace periods/s",
+            "tables attached/s",
+            h[3],
+            "running ÷ held, paired windows (median, target ≥ 0.9×)",
+            h[5],
+            h[6],
+            h[7],
+        ];
         let mut rows = Vec::new();
         let mut body = Vec::new();
         for (&(variant, _, _), v) in variants.iter().zip(&pooled) {
             let mut cells = vec![variant.to_string()];
-            cells.extend(alternation_cells(&v.alternations, cutoff));
+            cells.extend(alternation_cells(&v.alternations, cutoff, Some(0.9)));
             cells.insert(4, format!("{:.0}", harness::median(&v.gps)));
             cells.insert(5, format!("{:.0}", harness::median(&v.tables)));
             body.push(cells);
@@ -314,15 +326,10 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
                 "churn-alt: reader M/s in {} ms windows, writer held and running in turn ({n} addresses)",
                 WINDOW.as_millis()
             ),
-            &ALTERNATION_HEADERS,
+            &headers,
             &body,
         );
-        println!(
-            "Each running window ÷ the mean of the held windows before and after it, the first \
-             {} ms of every window uncounted; medians over all windows of the variant; the spread is \
-             the 25th–75th percentile of those ratios. Near / far phases as in --bench churn.\n",
-            GUARD.as_millis()
-        );
+        println!("{}", alternation_note());
         return rows;
     }
     let mut rows = Vec::new();
@@ -384,116 +391,4 @@ fn spin(mut gate: Gate) -> u64 {
         x = black_box(x);
     }
     0
-}
-
-/// Headers of the `churn-alt` table.
-const ALTERNATION_HEADERS: [&str; 11] = [
-    "variant",
-    "reader M/s, writer held (median window)",
-    "reader M/s, writer running",
-    "writer M ops/s while running",
-    "reclaimer grace periods/s",
-    "tables attached/s",
-    "round trip ns, median (far phases)",
-    "running ÷ held, paired windows (median, target ≥ 0.9×)",
-    "spread of the paired ratios (p25–p75)",
-    "near phases / far phases",
-    "reader ns lost per write, near / far",
-];
-
-/// As [`near_cutoff`], over alternating phases.
-fn alternation_cutoff(variants: &[&[Alternation]]) -> Option<f64> {
-    variants
-        .iter()
-        .flat_map(|v| v.iter().filter_map(|a| a.round_trip))
-        .min_by(f64::total_cmp)
-        .map(|lowest| 3.0 * lowest)
-}
-
-/// One variant's cells of the `churn-alt` table, but for the reclaimer's
-/// and the table's rates (inserted by the caller).
-fn alternation_cells(phases: &[Alternation], cutoff: Option<f64>) -> Vec<String> {
-    let far = |a: &Alternation| matches!((a.round_trip, cutoff), (Some(rt), Some(c)) if rt > c);
-    let ratios = |keep: &dyn Fn(&Alternation) -> bool| -> Vec<f64> {
-        phases
-            .iter()
-            .filter(|a| keep(a))
-            .flat_map(|a| a.ratios())
-            .collect()
-    };
-    let all = ratios(&|_| true);
-    let (near_r, far_r) = (ratios(&|a| !far(a)), ratios(&|a| far(a)));
-    let n_far = phases.iter().filter(|a| far(a)).count();
-    let verdict = |r: f64| if r >= 0.9 { " met" } else { " **missed**" };
-    let writes = harness::median(&phases.iter().map(|a| a.writes).collect::<Vec<_>>());
-    let lost = |keep: &dyn Fn(&Alternation) -> bool| -> Option<f64> {
-        let per_phase: Vec<f64> = phases
-            .iter()
-            .filter(|a| keep(a) && a.writes >= 0.5e6)
-            .map(|a| (1.0 - harness::median(&a.ratios().collect::<Vec<_>>())) / a.writes * 1e9)
-            .collect();
-        (!per_phase.is_empty()).then(|| harness::median(&per_phase))
-    };
-    let cell = |r: &[f64], n: usize| {
-        if r.is_empty() {
-            "— (0)".to_string()
-        } else {
-            let m = harness::median(r);
-            format!("{m:.3}×{} ({n})", verdict(m))
-        }
-    };
-    let rts: Vec<f64> = phases.iter().filter_map(|a| a.round_trip).collect();
-    let m = harness::median(&all);
-    vec![
-        format!(
-            "{:.2}",
-            harness::median(
-                &phases
-                    .iter()
-                    .flat_map(|a| a.off.iter().copied())
-                    .collect::<Vec<_>>()
-            ) / 1e6
-        ),
-        format!(
-            "{:.2}",
-            harness::median(
-                &phases
-                    .iter()
-                    .flat_map(|a| a.on.iter().copied())
-                    .collect::<Vec<_>>()
-            ) / 1e6
-        ),
-        format!("{:.3}", writes / 1e6),
-        format!(
-            "{} ({n_far} of {})",
-            or_dash((!rts.is_empty()).then(|| harness::median(&rts)), 0),
-            phases.len()
-        ),
-        format!("{m:.3}×{}", verdict(m)),
-        format!(
-            "{:.3}–{:.3}",
-            percentile(&all, 0.25),
-            percentile(&all, 0.75)
-        ),
-        format!(
-            "{} / {}",
-            cell(&near_r, phases.len() - n_far),
-            cell(&far_r, n_far)
-        ),
-        format!(
-            "{} / {}",
-            or_dash(lost(&|a| !far(a)), 1),
-            or_dash(lost(&|a| far(a)), 1)
-        ),
-    ]
-}
-
-/// The `q` quantile of `xs` (nearest rank), NaN when empty.
-fn percentile(xs: &[f64], q: f64) -> f64 {
-    if xs.is_empty() {
-        return f64::NAN;
-    }
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q).round() as usize]
 }

@@ -25,13 +25,21 @@
 //! second`, and splits the phases by the round trip between the two CPUs,
 //! as `--bench churn` does (near / far). Where the ratio is close to 0 (the
 //! locked maps) the figure only restates the writer's rate.
+//!
+//! `--bench churn-peers-alt` measures the same writers in paired 20 ms
+//! windows inside each phase, as `--bench churn-alt` does. A writer is
+//! held between operations, so arc-swap's (one clone of the whole map per
+//! operation, milliseconds each) runs past the end of its windows: its
+//! figures there understate its readers' loss.
 
 use crate::Config;
 use crate::addrs::{self, Workload};
 use crate::churn::{
-    Churned, Fprobe, Gate, Pooled, SUMMARY_HEADERS, Writes, churn_disjoint, churn_hot, churning,
-    idle, near_cutoff, or_dash, summary_cells,
+    ALTERNATION_HEADERS, Alternation, Churned, Fprobe, Gate, PAIRS, Pooled, SUMMARY_HEADERS,
+    WINDOW, Writes, alternating, alternation_cells, alternation_cutoff, alternation_note,
+    churn_disjoint, churn_hot, churning, idle, near_cutoff, or_dash, summary_cells,
 };
+use crate::harness;
 use crate::impls::{self, BATCH, LookupImpl};
 use crate::report::{self, Row};
 
@@ -180,10 +188,25 @@ enum Writer {
     HotSet,
 }
 
+/// `--bench churn-peers`.
 pub fn run(cfg: &Config) -> Vec<Row> {
+    run_mode(cfg, false)
+}
+
+/// `--bench churn-peers-alt`.
+pub fn run_alternating(cfg: &Config) -> Vec<Row> {
+    run_mode(cfg, true)
+}
+
+fn run_mode(cfg: &Config, alternate: bool) -> Vec<Row> {
     let set = addrs::load(cfg.source, cfg.addrs, cfg.seed);
     let n = set.addrs.len();
-    println!("## churn-peers\n");
+    let bench = if alternate {
+        "churn-peers-alt"
+    } else {
+        "churn-peers"
+    };
+    println!("## {bench}\n");
     println!(
         "addresses: {n} from {}; 1 reader + 1 writer thread, pinned to different CPUs where \
          there are two; writers flat out; every map's idle and churning phases interleaved\n",
@@ -203,6 +226,53 @@ pub fn run(cfg: &Config) -> Vec<Row> {
         ("hot-set", Workload::Hot, Writer::HotSet),
     ] {
         let stream = &addrs::streams(&set.addrs, workload, 1, BATCH, cfg.seed)[0];
+        if alternate {
+            let mut phases: Vec<Vec<Alternation>> = maps.iter().map(|_| Vec::new()).collect();
+            for round in 0..3 * cfg.rounds.max(1) {
+                for ((name, map), phases) in maps.iter().zip(&mut phases) {
+                    let map = map.as_ref();
+                    let read = |b: &[u64]| map.read(b);
+                    let write = |gate: Gate| match writer {
+                        Writer::Disjoint => churn_disjoint(&mut &*map, top, gate),
+                        Writer::HotSet => churn_hot(&mut &*map, &hot, gate),
+                    };
+                    let a = alternating(cfg, stream, &read, &write, PAIRS);
+                    eprintln!(
+                        "  churn-peers-alt {variant:<8} {name:<16} round {}  reader held {:>8.2} M/s, running {:>8.2} M/s, writer {:.3} M ops/s, round trip {} ns",
+                        round + 1,
+                        harness::median(&a.off) / 1e6,
+                        harness::median(&a.on) / 1e6,
+                        a.writes / 1e6,
+                        or_dash(a.round_trip, 0)
+                    );
+                    phases.push(a);
+                }
+            }
+            let all: Vec<&[Alternation]> = phases.iter().map(|p| &p[..]).collect();
+            let cutoff = alternation_cutoff(&all);
+            for ((name, _), p) in maps.iter().zip(&phases) {
+                let mut row = vec![variant.to_string(), name.to_string()];
+                row.extend(alternation_cells(p, cutoff, None));
+                body.push(row);
+                let off = p.iter().flat_map(|a| a.off.iter().copied());
+                let on = p.iter().flat_map(|a| a.on.iter().copied());
+                for (imp, rates) in [
+                    ("writer held", off.collect::<Vec<_>>()),
+                    ("writer running", on.collect()),
+                ] {
+                    let s = harness::Samples { rates, unpinned: 0 };
+                    rows.push(Row::rate(
+                        bench,
+                        variant.into(),
+                        n,
+                        format!("{name}, {imp}"),
+                        1,
+                        &s,
+                    ));
+                }
+            }
+            continue;
+        }
         let mut cells: Vec<Pooled> = maps.iter().map(|_| Pooled::default()).collect();
         // Rounds outermost: every map's phases are spread over the same
         // stretch of the run, so a noisy minute hits them all.
@@ -254,6 +324,20 @@ pub fn run(cfg: &Config) -> Vec<Row> {
                 ));
             }
         }
+    }
+    if alternate {
+        let mut headers = vec!["writer", "map"];
+        headers.extend(ALTERNATION_HEADERS);
+        report::print_table(
+            &format!(
+                "churn-peers-alt: reader M/s in {} ms windows, a flat-out writer held and running in turn ({n} addresses)",
+                WINDOW.as_millis()
+            ),
+            &headers,
+            &body,
+        );
+        println!("{}", alternation_note());
+        return rows;
     }
     report::print_table(
         &format!("churn-peers: reader M/s with a flat-out writer idle vs churning ({n} addresses)"),

@@ -268,6 +268,9 @@ pub fn churning(
 pub const WINDOW: Duration = Duration::from_millis(20);
 pub const GUARD: Duration = Duration::from_millis(3);
 
+/// Running windows per alternating phase: about a second per phase.
+pub const PAIRS: usize = 25;
+
 /// One alternating phase: the reader's rate in every window, the writer off
 /// and on in turn, with the round trip measured around the phase.
 pub struct Alternation {
@@ -601,4 +604,123 @@ pub fn summary_cells(p: &Pooled, cutoff: Option<f64>, target: Option<f64>) -> Ve
             or_dash(p.lost_per_write(Placement::Far, cutoff), 1)
         ),
     ]
+}
+
+/// Headers of the cells [`alternation_cells`] makes.
+pub const ALTERNATION_HEADERS: [&str; 8] = [
+    "reader M/s, writer held (median window)",
+    "reader M/s, writer running",
+    "writer M ops/s while running",
+    "round trip ns, median (far phases)",
+    "running ÷ held, paired windows (median)",
+    "spread of the paired ratios (p25–p75)",
+    "near phases / far phases",
+    "reader ns lost per write, near / far",
+];
+
+/// The note printed under a table of [`alternation_cells`].
+pub fn alternation_note() -> String {
+    format!(
+        "Each running window ÷ the mean of the held windows before and after it, the first \
+         {} ms of every window uncounted; medians over all windows; the spread is the \
+         25th–75th percentile of those ratios. Near / far phases as in --bench churn.\n",
+        GUARD.as_millis()
+    )
+}
+
+/// As [`near_cutoff`], over alternating phases.
+pub fn alternation_cutoff(variants: &[&[Alternation]]) -> Option<f64> {
+    variants
+        .iter()
+        .flat_map(|v| v.iter().filter_map(|a| a.round_trip))
+        .min_by(f64::total_cmp)
+        .map(|lowest| 3.0 * lowest)
+}
+
+/// One variant's (or map's) cells under [`ALTERNATION_HEADERS`], with a
+/// verdict against `target` where one is given.
+pub fn alternation_cells(
+    phases: &[Alternation],
+    cutoff: Option<f64>,
+    target: Option<f64>,
+) -> Vec<String> {
+    let far = |a: &Alternation| matches!((a.round_trip, cutoff), (Some(rt), Some(c)) if rt > c);
+    let ratios = |keep: &dyn Fn(&Alternation) -> bool| -> Vec<f64> {
+        phases
+            .iter()
+            .filter(|a| keep(a))
+            .flat_map(|a| a.ratios())
+            .collect()
+    };
+    let all = ratios(&|_| true);
+    let (near_r, far_r) = (ratios(&|a| !far(a)), ratios(&|a| far(a)));
+    let n_far = phases.iter().filter(|a| far(a)).count();
+    let verdict = |r: f64| match target {
+        Some(t) if r >= t => " met",
+        Some(_) => " **missed**",
+        None => "",
+    };
+    let writes = harness::median(&phases.iter().map(|a| a.writes).collect::<Vec<_>>());
+    let lost = |keep: &dyn Fn(&Alternation) -> bool| -> Option<f64> {
+        let per_phase: Vec<f64> = phases
+            .iter()
+            .filter(|a| keep(a) && a.writes >= 0.5e6)
+            .map(|a| (1.0 - harness::median(&a.ratios().collect::<Vec<_>>())) / a.writes * 1e9)
+            .collect();
+        (!per_phase.is_empty()).then(|| harness::median(&per_phase))
+    };
+    let cell = |r: &[f64], n: usize| {
+        if r.is_empty() {
+            "— (0)".to_string()
+        } else {
+            let m = harness::median(r);
+            format!("{m:.3}×{} ({n})", verdict(m))
+        }
+    };
+    let rts: Vec<f64> = phases.iter().filter_map(|a| a.round_trip).collect();
+    let m = harness::median(&all);
+    // Median window of one kind over every phase, in M lookups/s.
+    let windows = |kind: fn(&Alternation) -> &[f64]| {
+        let w: Vec<f64> = phases
+            .iter()
+            .flat_map(|a| kind(a).iter().copied())
+            .collect();
+        format!("{:.2}", harness::median(&w) / 1e6)
+    };
+    vec![
+        windows(|a| &a.off),
+        windows(|a| &a.on),
+        format!("{:.3}", writes / 1e6),
+        format!(
+            "{} ({n_far} of {})",
+            or_dash((!rts.is_empty()).then(|| harness::median(&rts)), 0),
+            phases.len()
+        ),
+        format!("{m:.3}×{}", verdict(m)),
+        format!(
+            "{:.3}–{:.3}",
+            percentile(&all, 0.25),
+            percentile(&all, 0.75)
+        ),
+        format!(
+            "{} / {}",
+            cell(&near_r, phases.len() - n_far),
+            cell(&far_r, n_far)
+        ),
+        format!(
+            "{} / {}",
+            or_dash(lost(&|a| !far(a)), 1),
+            or_dash(lost(&|a| far(a)), 1)
+        ),
+    ]
+}
+
+/// The `q` quantile of `xs` (nearest rank), NaN when empty.
+fn percentile(xs: &[f64], q: f64) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
 }

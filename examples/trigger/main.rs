@@ -8,6 +8,7 @@
 //! cargo run --release --example trigger -- --bench churn
 //! cargo run --release --example trigger -- --bench churn-alt
 //! cargo run --release --example trigger -- --bench churn-peers
+//! cargo run --release --example trigger -- --bench churn-peers-alt
 //! cargo run --release --example trigger -- --bench kprobe-multi,kprobe-multi-all,kretprobe-multi-all
 //! cargo run --release --example trigger -- --bench objpool,uretprobe-nop --threads 1,2
 //! cargo run --release --example trigger -- --bench all
@@ -77,6 +78,11 @@ pub const BENCHES: &[BenchDef] = &[
         run: bench_churn_peers::run,
     },
     BenchDef {
+        name: "churn-peers-alt",
+        about: "churn-peers in paired 20 ms windows, as churn-alt",
+        run: bench_churn_peers::run_alternating,
+    },
+    BenchDef {
         name: "kprobe-multi",
         about: "M calls/s (entry + exit hook) of one probe on one address, fprobe vs locked-HashMap dispatchers",
         run: bench_probe::run_kprobe_multi,
@@ -113,7 +119,7 @@ fn impl_groups() -> [(&'static str, Vec<(&'static str, &'static str)>); 4] {
     [
         ("lookup", impls::NAMES.to_vec()),
         (
-            "churn-peers",
+            "churn-peers, churn-peers-alt",
             impls::NAMES
                 .iter()
                 .copied()
