@@ -25,6 +25,12 @@
 //! * `hot-set`: hot readers (90% on 64 addresses); the writer adds a value
 //!   to a hot address and removes it again, round-robin over the hot set,
 //!   so the records the readers hit are replaced (copy-on-write) under them.
+//! * `disjoint, recycled`: `disjoint` over a pool of 65,536 other
+//!   addresses taken in turn, again and again: after the first pass every
+//!   insert finds its address's own tombstone (a probe attached and
+//!   detached over a process's functions). `disjoint` never inserts an
+//!   address twice, so its inserts claim fresh slots and the index rebuilds
+//!   its table to clear the tombstones, dozens of times a second.
 //! * `disjoint, small pages`: `disjoint` on an index built with
 //!   `huge_pages(false)`, whose tables come from the global allocator (the
 //!   writer's tombstones make the index rebuild its table many times a
@@ -66,7 +72,7 @@ use crate::addrs::{self, Workload};
 use crate::churn::{
     ALTERNATION_HEADERS, Alternation, Churned, Fprobe, Gate, PAIRS, Pooled, SUMMARY_HEADERS,
     WINDOW, alternating, alternation_cells, alternation_cutoff, alternation_note, churn_disjoint,
-    churn_hot, churning, idle, near_cutoff, or_dash, summary_cells,
+    churn_hot, churn_recycled, churning, idle, near_cutoff, or_dash, summary_cells,
 };
 use crate::harness;
 use crate::impls::{self, BATCH};
@@ -79,6 +85,8 @@ enum Writer {
     DisjointSmallPages,
     /// `Disjoint` capped at [`PACED_OPS`] operations per second.
     DisjointPaced,
+    /// `Disjoint` over a pool of [`RECYCLED`] addresses, again and again.
+    DisjointRecycled,
     HotSet,
     /// `HotSet` capped at [`MILLION_OPS`] operations per second.
     HotSetMillion,
@@ -91,6 +99,11 @@ enum Writer {
     /// Control: `Disjoint` flat out on a private `hashbrown::HashMap`.
     Hashbrown,
 }
+
+/// Addresses the `disjoint, recycled` writer cycles through: about as many
+/// again as the read set, as if probes were attached and detached over the
+/// rest of a large binary's functions.
+const RECYCLED: u64 = 65_536;
 
 /// Rate of the paced writer: a busy attach/detach workload, not a flood.
 const PACED_OPS: f64 = 10_000.0;
@@ -152,6 +165,11 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
     let top = *set.addrs.last().expect("non-empty set");
     let variants = [
         ("disjoint", Workload::Uniform, Writer::Disjoint),
+        (
+            "disjoint, recycled",
+            Workload::Uniform,
+            Writer::DisjointRecycled,
+        ),
         (
             "disjoint, small pages",
             Workload::Uniform,
@@ -218,6 +236,7 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
                     churn_disjoint(&mut &*written, top, gate)
                 }
                 Writer::DisjointPaced => churn_disjoint(&mut &*written, top, gate.paced(PACED_OPS)),
+                Writer::DisjointRecycled => churn_recycled(&mut &*written, top, RECYCLED, gate),
                 Writer::HotSet => churn_hot(&mut &*written, &hot, gate),
                 Writer::HotSetMillion => churn_hot(&mut &*written, &hot, gate.paced(MILLION_OPS)),
                 Writer::HotSetPaced => churn_hot(&mut &*written, &hot, gate.paced(PACED_OPS)),

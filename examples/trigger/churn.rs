@@ -147,13 +147,27 @@ impl<'a> Gate<'a> {
 /// Inserts fresh addresses above the read set (`top`) and removes the
 /// oldest once 4,096 are in, while `gate` lets it; returns the number of
 /// operations.
-pub fn churn_disjoint(w: &mut impl Writes, top: u64, mut gate: Gate) -> u64 {
+pub fn churn_disjoint(w: &mut impl Writes, top: u64, gate: Gate) -> u64 {
+    churn_window(w, top, u64::MAX, gate)
+}
+
+/// [`churn_disjoint`] over a pool of `pool` addresses above the read set,
+/// taken in turn and again: after the first pass every address inserted
+/// has been in the map before (a probe attached and detached over a
+/// process's functions, rather than over addresses never seen).
+pub fn churn_recycled(w: &mut impl Writes, top: u64, pool: u64, gate: Gate) -> u64 {
+    churn_window(w, top, pool, gate)
+}
+
+fn churn_window(w: &mut impl Writes, top: u64, pool: u64, mut gate: Gate) -> u64 {
     const WINDOW: usize = 4096;
+    assert!(pool > WINDOW as u64, "the pool must exceed the live window");
     let mut live: VecDeque<(u64, u64)> = VecDeque::with_capacity(WINDOW + 1);
-    let (mut next, mut ops) = ((top & !15) + 0x1000, 0u64);
+    let (base, mut i, mut ops) = ((top & !15) + 0x1000, 0u64, 0u64);
     while gate.next(ops) {
+        let next = base + (i % pool) * 16;
         live.push_back((next, w.insert(next, next)));
-        next += 16;
+        i += 1;
         ops += 1;
         if live.len() > WINDOW {
             let (a, token) = live.pop_front().expect("non-empty");
