@@ -71,8 +71,9 @@ use crate::Config;
 use crate::addrs::{self, Workload};
 use crate::churn::{
     ALTERNATION_HEADERS, Alternation, Churned, Fprobe, Gate, PAIRS, Pooled, SUMMARY_HEADERS,
-    WINDOW, alternating, alternation_cells, alternation_cutoff, alternation_note, churn_disjoint,
-    churn_hot, churn_recycled, churning, idle, near_cutoff, or_dash, summary_cells,
+    alternating, alternation_cells, alternation_cutoff, alternation_rows, churn_disjoint,
+    churn_hot, churn_recycled, churning, idle, near_cutoff, or_dash, print_alternation_table,
+    summary_cells,
 };
 use crate::harness;
 use crate::impls::{self, BATCH};
@@ -323,32 +324,15 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
             cells.insert(4, format!("{:.0}", harness::median(&v.gps)));
             cells.insert(5, format!("{:.0}", harness::median(&v.tables)));
             body.push(cells);
-            let off = v.alternations.iter().flat_map(|a| a.off.iter().copied());
-            let on = v.alternations.iter().flat_map(|a| a.on.iter().copied());
-            for (imp, rates) in [
-                ("fprobe, writer held", off.collect::<Vec<_>>()),
-                ("fprobe, writer running", on.collect()),
-            ] {
-                let s = harness::Samples { rates, unpinned: 0 };
-                rows.push(Row::rate(
-                    "churn-alt",
-                    variant.into(),
-                    n,
-                    imp.into(),
-                    readers,
-                    &s,
-                ));
-            }
+            rows.extend(alternation_rows(
+                "churn-alt",
+                variant,
+                n,
+                "fprobe",
+                &v.alternations,
+            ));
         }
-        report::print_table(
-            &format!(
-                "churn-alt: reader M/s in {} ms windows, writer held and running in turn ({n} addresses)",
-                WINDOW.as_millis()
-            ),
-            &headers,
-            &body,
-        );
-        println!("{}", alternation_note());
+        print_alternation_table("churn-alt", "writer", n, &headers, &body);
         return rows;
     }
     let mut rows = Vec::new();

@@ -36,8 +36,8 @@ use crate::Config;
 use crate::addrs::{self, Workload};
 use crate::churn::{
     ALTERNATION_HEADERS, Alternation, Churned, Fprobe, Gate, PAIRS, Pooled, SUMMARY_HEADERS,
-    WINDOW, Writes, alternating, alternation_cells, alternation_cutoff, alternation_note,
-    churn_disjoint, churn_hot, churning, idle, near_cutoff, or_dash, summary_cells,
+    Writes, alternating, alternation_cells, alternation_cutoff, alternation_rows, churn_disjoint,
+    churn_hot, churning, idle, near_cutoff, or_dash, print_alternation_table, summary_cells,
 };
 use crate::harness;
 use crate::impls::{self, BATCH, LookupImpl};
@@ -254,22 +254,7 @@ fn run_mode(cfg: &Config, alternate: bool) -> Vec<Row> {
                 let mut row = vec![variant.to_string(), name.to_string()];
                 row.extend(alternation_cells(p, cutoff, None));
                 body.push(row);
-                let off = p.iter().flat_map(|a| a.off.iter().copied());
-                let on = p.iter().flat_map(|a| a.on.iter().copied());
-                for (imp, rates) in [
-                    ("writer held", off.collect::<Vec<_>>()),
-                    ("writer running", on.collect()),
-                ] {
-                    let s = harness::Samples { rates, unpinned: 0 };
-                    rows.push(Row::rate(
-                        bench,
-                        variant.into(),
-                        n,
-                        format!("{name}, {imp}"),
-                        1,
-                        &s,
-                    ));
-                }
+                rows.extend(alternation_rows(bench, variant, n, name, p));
             }
             continue;
         }
@@ -328,15 +313,7 @@ fn run_mode(cfg: &Config, alternate: bool) -> Vec<Row> {
     if alternate {
         let mut headers = vec!["writer", "map"];
         headers.extend(ALTERNATION_HEADERS);
-        report::print_table(
-            &format!(
-                "churn-peers-alt: reader M/s in {} ms windows, a flat-out writer held and running in turn ({n} addresses)",
-                WINDOW.as_millis()
-            ),
-            &headers,
-            &body,
-        );
-        println!("{}", alternation_note());
+        print_alternation_table(bench, "a flat-out writer", n, &headers, &body);
         return rows;
     }
     report::print_table(

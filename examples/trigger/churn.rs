@@ -12,6 +12,7 @@ use fprobe::{AddrIndex, EntryId};
 use crate::Config;
 use crate::harness::{self, Samples};
 use crate::impls::BATCH;
+use crate::report::{self, Row};
 
 /// A map whose readers a churn benchmark measures and whose writer churns
 /// it: `address → values`.
@@ -137,7 +138,7 @@ impl<'a> Gate<'a> {
         }
         if self.rate.is_finite() {
             while (ops - self.base) as f64 > self.rate * self.t0.elapsed().as_secs_f64() {
-                std::thread::sleep(std::time::Duration::from_micros(200));
+                std::thread::sleep(Duration::from_micros(200));
             }
         }
         !self.stop.load(Ordering::Relaxed)
@@ -468,12 +469,20 @@ pub enum Placement {
     Far,
 }
 
-impl Pooled {
-    fn placement(c: &Churning, cutoff: Option<f64>) -> Placement {
-        match (c.round_trip, cutoff) {
+impl Placement {
+    /// Far when the phase's round trip exceeds `cutoff`; near otherwise,
+    /// and when either is unknown.
+    fn of(round_trip: Option<f64>, cutoff: Option<f64>) -> Self {
+        match (round_trip, cutoff) {
             (Some(rt), Some(cut)) if rt > cut => Placement::Far,
             _ => Placement::Near,
         }
+    }
+}
+
+impl Pooled {
+    fn placement(c: &Churning, cutoff: Option<f64>) -> Placement {
+        Placement::of(c.round_trip, cutoff)
     }
 
     /// The churning phases' samples pooled, all of them or only those of
@@ -529,20 +538,15 @@ impl Pooled {
     }
 
     /// Reader time lost per write, in ns, median over the phases of
-    /// `placement`: `(1 − churn ÷ idle) / writes per second` for each phase.
-    /// `None` when there are no such phases or the writer ran below half a
-    /// million operations a second, where the ratio's noise of a few percent
-    /// divided by the small rate would swamp the figure (at 10,000 ops/s, 1%
-    /// reads as 1,000 ns a write).
+    /// `placement` ([`median_lost_per_write`]).
     pub fn lost_per_write(&self, placement: Placement, cutoff: Option<f64>) -> Option<f64> {
         let idle = self.idle.median();
-        let per_phase: Vec<f64> = self
-            .churn
-            .iter()
-            .filter(|c| Self::placement(c, cutoff) == placement && c.writes >= 0.5e6)
-            .map(|c| (1.0 - c.samples.median() / idle) / c.writes * 1e9)
-            .collect();
-        (!per_phase.is_empty()).then(|| harness::median(&per_phase))
+        median_lost_per_write(
+            self.churn
+                .iter()
+                .filter(|c| Self::placement(c, cutoff) == placement)
+                .map(|c| (c.samples.median() / idle, c.writes)),
+        )
     }
 }
 
@@ -552,11 +556,33 @@ impl Pooled {
 /// placements from the 330 ns one; a run that never left one placement
 /// counts every phase as near.
 pub fn near_cutoff<'a>(pools: impl IntoIterator<Item = &'a Pooled>) -> Option<f64> {
-    pools
-        .into_iter()
-        .flat_map(|p| p.churn.iter().filter_map(|c| c.round_trip))
+    cutoff_above(
+        pools
+            .into_iter()
+            .flat_map(|p| p.churn.iter().filter_map(|c| c.round_trip)),
+    )
+}
+
+/// Three times the lowest of `round_trips` (`None` when there is none):
+/// the far/near boundary of [`near_cutoff`] and [`alternation_cutoff`].
+fn cutoff_above(round_trips: impl Iterator<Item = f64>) -> Option<f64> {
+    round_trips
         .min_by(f64::total_cmp)
         .map(|lowest| 3.0 * lowest)
+}
+
+/// Reader time lost per write, in ns, median over phases given as (churn ÷
+/// idle, writes per second): `(1 − ratio) / writes`. Phases whose writer
+/// ran below half a million operations a second are left out, where the
+/// ratio's noise of a few percent divided by the small rate would swamp
+/// the figure (at 10,000 ops/s, 1% reads as 1,000 ns a write); `None`
+/// when none is left.
+fn median_lost_per_write(phases: impl Iterator<Item = (f64, f64)>) -> Option<f64> {
+    let per_phase: Vec<f64> = phases
+        .filter(|&(_, writes)| writes >= 0.5e6)
+        .map(|(ratio, writes)| (1.0 - ratio) / writes * 1e9)
+        .collect();
+    (!per_phase.is_empty()).then(|| harness::median(&per_phase))
 }
 
 /// `x` with `digits` decimals, or "—" for `None`/NaN.
@@ -633,7 +659,7 @@ pub const ALTERNATION_HEADERS: [&str; 8] = [
 ];
 
 /// The note printed under a table of [`alternation_cells`].
-pub fn alternation_note() -> String {
+fn alternation_note() -> String {
     format!(
         "Each running window ÷ the mean of the held windows before and after it, the first \
          {} ms of every window uncounted; medians over all windows; the spread is the \
@@ -644,11 +670,11 @@ pub fn alternation_note() -> String {
 
 /// As [`near_cutoff`], over alternating phases.
 pub fn alternation_cutoff(variants: &[&[Alternation]]) -> Option<f64> {
-    variants
-        .iter()
-        .flat_map(|v| v.iter().filter_map(|a| a.round_trip))
-        .min_by(f64::total_cmp)
-        .map(|lowest| 3.0 * lowest)
+    cutoff_above(
+        variants
+            .iter()
+            .flat_map(|v| v.iter().filter_map(|a| a.round_trip)),
+    )
 }
 
 /// One variant's (or map's) cells under [`ALTERNATION_HEADERS`], with a
@@ -658,7 +684,7 @@ pub fn alternation_cells(
     cutoff: Option<f64>,
     target: Option<f64>,
 ) -> Vec<String> {
-    let far = |a: &Alternation| matches!((a.round_trip, cutoff), (Some(rt), Some(c)) if rt > c);
+    let far = |a: &Alternation| Placement::of(a.round_trip, cutoff) == Placement::Far;
     let ratios = |keep: &dyn Fn(&Alternation) -> bool| -> Vec<f64> {
         phases
             .iter()
@@ -675,13 +701,13 @@ pub fn alternation_cells(
         None => "",
     };
     let writes = harness::median(&phases.iter().map(|a| a.writes).collect::<Vec<_>>());
-    let lost = |keep: &dyn Fn(&Alternation) -> bool| -> Option<f64> {
-        let per_phase: Vec<f64> = phases
-            .iter()
-            .filter(|a| keep(a) && a.writes >= 0.5e6)
-            .map(|a| (1.0 - harness::median(&a.ratios().collect::<Vec<_>>())) / a.writes * 1e9)
-            .collect();
-        (!per_phase.is_empty()).then(|| harness::median(&per_phase))
+    let lost = |keep: &dyn Fn(&Alternation) -> bool| {
+        median_lost_per_write(
+            phases
+                .iter()
+                .filter(|a| keep(a))
+                .map(|a| (harness::median(&a.ratios().collect::<Vec<_>>()), a.writes)),
+        )
     };
     let cell = |r: &[f64], n: usize| {
         if r.is_empty() {
@@ -693,17 +719,10 @@ pub fn alternation_cells(
     };
     let rts: Vec<f64> = phases.iter().filter_map(|a| a.round_trip).collect();
     let m = harness::median(&all);
-    // Median window of one kind over every phase, in M lookups/s.
-    let windows = |kind: fn(&Alternation) -> &[f64]| {
-        let w: Vec<f64> = phases
-            .iter()
-            .flat_map(|a| kind(a).iter().copied())
-            .collect();
-        format!("{:.2}", harness::median(&w) / 1e6)
-    };
+    let (held, running) = windows(phases);
     vec![
-        windows(|a| &a.off),
-        windows(|a| &a.on),
+        format!("{:.2}", held.median() / 1e6),
+        format!("{:.2}", running.median() / 1e6),
         format!("{:.3}", writes / 1e6),
         format!(
             "{} ({n_far} of {})",
@@ -727,6 +746,61 @@ pub fn alternation_cells(
             or_dash(lost(&|a| far(a)), 1)
         ),
     ]
+}
+
+/// Every held window and every running window of `phases`, pooled.
+fn windows(phases: &[Alternation]) -> (Samples, Samples) {
+    let pool = |kind: fn(&Alternation) -> &[f64]| Samples {
+        rates: phases
+            .iter()
+            .flat_map(|a| kind(a).iter().copied())
+            .collect(),
+        unpinned: 0,
+    };
+    (pool(|a| &a.off), pool(|a| &a.on))
+}
+
+/// The CSV rows of one variant's (or map's) alternating phases: its held
+/// and its running windows, as `"{imp}, writer held"` and `"{imp}, writer
+/// running"`.
+pub fn alternation_rows(
+    bench: &'static str,
+    variant: &str,
+    addrs: usize,
+    imp: &str,
+    phases: &[Alternation],
+) -> [Row; 2] {
+    let (held, running) = windows(phases);
+    [("writer held", held), ("writer running", running)].map(|(kind, s)| {
+        Row::rate(
+            bench,
+            variant.into(),
+            addrs,
+            format!("{imp}, {kind}"),
+            1,
+            &s,
+        )
+    })
+}
+
+/// Prints an alternating benchmark's table, titled after `bench` and what
+/// its writer is, and the note on how its ratios are made.
+pub fn print_alternation_table(
+    bench: &str,
+    writer: &str,
+    addrs: usize,
+    headers: &[&str],
+    body: &[Vec<String>],
+) {
+    report::print_table(
+        &format!(
+            "{bench}: reader M/s in {} ms windows, {writer} held and running in turn ({addrs} addresses)",
+            WINDOW.as_millis()
+        ),
+        headers,
+        body,
+    );
+    println!("{}", alternation_note());
 }
 
 /// The `q` quantile of `xs` (nearest rank), NaN when empty.
