@@ -19,6 +19,12 @@
 //! phase (25 pairs, about a second) is still classed near or far by the
 //! round trip around it. `--rounds N` gives 3 N phases per variant.
 //!
+//! `--bench churn-rates`: `churn-alt`'s `disjoint` and `hot-set` writers
+//! capped at 0.5, 1, 2 and 4 M operations a second ([`SWEEP_OPS`]) and flat
+//! out, with the spin control: where, between a busy attach/detach rate and
+//! a flood, the readers' loss crosses the target. The reader time lost per
+//! write is a cost per write; the ratio is that cost times the write rate.
+//!
 //! Variants:
 //! * `disjoint`: uniform readers over the address set; the writer churns a
 //!   window of 4,096 other addresses (insert a new one, remove the oldest).
@@ -79,20 +85,17 @@ use crate::harness;
 use crate::impls::{self, BATCH};
 use crate::report::{self, Row};
 
+/// A writer's cap in operations per second; `None`: flat out.
+type Pace = Option<f64>;
+
 #[derive(Clone, Copy, PartialEq)]
 enum Writer {
-    Disjoint,
+    Disjoint(Pace),
     /// `Disjoint` on the index with `huge_pages(false)`.
     DisjointSmallPages,
-    /// `Disjoint` capped at [`PACED_OPS`] operations per second.
-    DisjointPaced,
     /// `Disjoint` over a pool of [`RECYCLED`] addresses, again and again.
     DisjointRecycled,
-    HotSet,
-    /// `HotSet` capped at [`MILLION_OPS`] operations per second.
-    HotSetMillion,
-    /// `HotSet` capped at [`PACED_OPS`] operations per second.
-    HotSetPaced,
+    HotSet(Pace),
     /// Control: arithmetic only, on the writer's CPU.
     Spin,
     /// Control: `Disjoint` flat out on a second index.
@@ -114,6 +117,26 @@ const PACED_OPS: f64 = 10_000.0;
 /// comes.
 const MILLION_OPS: f64 = 1_000_000.0;
 
+/// The caps `--bench churn-rates` runs each writer at, below flat out.
+const SWEEP_OPS: [f64; 4] = [500_000.0, 1_000_000.0, 2_000_000.0, 4_000_000.0];
+
+/// `gate`, capped at `ops` operations a second if any.
+fn pace(gate: Gate<'_>, ops: Pace) -> Gate<'_> {
+    match ops {
+        Some(ops) => gate.paced(ops),
+        None => gate,
+    }
+}
+
+/// `2M ops/s`, `500k ops/s`.
+fn rate_label(ops: f64) -> String {
+    if ops >= 1e6 {
+        format!("{}M ops/s", ops / 1e6)
+    } else {
+        format!("{}k ops/s", ops / 1e3)
+    }
+}
+
 /// How a variant's reader is compared with and without its writer.
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
@@ -122,6 +145,19 @@ enum Mode {
     /// The writer held and let run every [`WINDOW`] inside one phase,
     /// windows paired (`--bench churn-alt`).
     Alternating,
+    /// `Alternating`, with the `disjoint` and `hot-set` writers capped at
+    /// each rate of [`SWEEP_OPS`] and flat out (`--bench churn-rates`).
+    Rates,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Phases => "churn",
+            Mode::Alternating => "churn-alt",
+            Mode::Rates => "churn-rates",
+        }
+    }
 }
 
 /// `--bench churn`.
@@ -134,18 +170,16 @@ pub fn run_alternating(cfg: &Config) -> Vec<Row> {
     run_mode(cfg, Mode::Alternating)
 }
 
+/// `--bench churn-rates`.
+pub fn run_rates(cfg: &Config) -> Vec<Row> {
+    run_mode(cfg, Mode::Rates)
+}
+
 fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
     let set = addrs::load(cfg.source, cfg.addrs, cfg.seed);
     let n = set.addrs.len();
     let readers = 1;
-    println!(
-        "## {}\n",
-        if mode == Mode::Phases {
-            "churn"
-        } else {
-            "churn-alt"
-        }
-    );
+    println!("## {}\n", mode.name());
     println!(
         "addresses: {n} from {}; {readers} reader (fprobe get, one read_lock per 100) + 1 writer thread, \
          pinned to different CPUs where there are two; \
@@ -164,34 +198,66 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
     let private: hashbrown::HashMap<u64, Vec<u64>> = data.iter().cloned().collect();
     let hot = addrs::hot_set(&set.addrs, cfg.seed);
     let top = *set.addrs.last().expect("non-empty set");
-    let variants = [
-        ("disjoint", Workload::Uniform, Writer::Disjoint),
-        (
-            "disjoint, recycled",
-            Workload::Uniform,
-            Writer::DisjointRecycled,
-        ),
-        (
-            "disjoint, small pages",
-            Workload::Uniform,
-            Writer::DisjointSmallPages,
-        ),
-        (
-            "disjoint, 10k ops/s",
-            Workload::Uniform,
-            Writer::DisjointPaced,
-        ),
-        ("hot-set", Workload::Hot, Writer::HotSet),
-        ("hot-set, 1M ops/s", Workload::Hot, Writer::HotSetMillion),
-        ("hot-set, 10k ops/s", Workload::Hot, Writer::HotSetPaced),
-        ("control: spin", Workload::Uniform, Writer::Spin),
-        (
-            "control: other index",
-            Workload::Uniform,
-            Writer::OtherIndex,
-        ),
-        ("control: hashbrown", Workload::Uniform, Writer::Hashbrown),
-    ];
+    let paced = |name: &str, ops: f64| format!("{name}, {}", rate_label(ops));
+    let variants: Vec<(String, Workload, Writer)> = if mode == Mode::Rates {
+        let mut v = Vec::new();
+        for (name, workload, writer) in [
+            (
+                "disjoint",
+                Workload::Uniform,
+                Writer::Disjoint as fn(Pace) -> Writer,
+            ),
+            ("hot-set", Workload::Hot, Writer::HotSet),
+        ] {
+            for ops in SWEEP_OPS {
+                v.push((paced(name, ops), workload, writer(Some(ops))));
+            }
+            v.push((name.to_string(), workload, writer(None)));
+        }
+        v.push(("control: spin".into(), Workload::Uniform, Writer::Spin));
+        v
+    } else {
+        vec![
+            ("disjoint".into(), Workload::Uniform, Writer::Disjoint(None)),
+            (
+                "disjoint, recycled".into(),
+                Workload::Uniform,
+                Writer::DisjointRecycled,
+            ),
+            (
+                "disjoint, small pages".into(),
+                Workload::Uniform,
+                Writer::DisjointSmallPages,
+            ),
+            (
+                paced("disjoint", PACED_OPS),
+                Workload::Uniform,
+                Writer::Disjoint(Some(PACED_OPS)),
+            ),
+            ("hot-set".into(), Workload::Hot, Writer::HotSet(None)),
+            (
+                paced("hot-set", MILLION_OPS),
+                Workload::Hot,
+                Writer::HotSet(Some(MILLION_OPS)),
+            ),
+            (
+                paced("hot-set", PACED_OPS),
+                Workload::Hot,
+                Writer::HotSet(Some(PACED_OPS)),
+            ),
+            ("control: spin".into(), Workload::Uniform, Writer::Spin),
+            (
+                "control: other index".into(),
+                Workload::Uniform,
+                Writer::OtherIndex,
+            ),
+            (
+                "control: hashbrown".into(),
+                Workload::Uniform,
+                Writer::Hashbrown,
+            ),
+        ]
+    };
     let stream_of = |w| addrs::streams(&set.addrs, w, readers, BATCH, cfg.seed).swap_remove(0);
     let (uniform, hot_stream) = (stream_of(Workload::Uniform), stream_of(Workload::Hot));
     /// One variant's phases, pooled over the rounds, and the writer's
@@ -210,10 +276,11 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
     // Alternating: three phases per round (each has its own off windows).
     let rounds = match mode {
         Mode::Phases => cfg.rounds + 1,
-        Mode::Alternating => 3 * cfg.rounds.max(1),
+        Mode::Alternating | Mode::Rates => 3 * cfg.rounds.max(1),
     };
     for round in 0..rounds {
-        for (&(variant, workload, writer), p) in variants.iter().zip(&mut pooled) {
+        for ((variant, workload, writer), p) in variants.iter().zip(&mut pooled) {
+            let (variant, workload, writer) = (variant.as_str(), *workload, *writer);
             let stream = if workload == Workload::Hot {
                 &hot_stream
             } else {
@@ -233,14 +300,12 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
             };
             let read = |b: &[u64]| read_from.read(b);
             let write = |gate: Gate| match writer {
-                Writer::Disjoint | Writer::DisjointSmallPages | Writer::OtherIndex => {
+                Writer::Disjoint(ops) => churn_disjoint(&mut &*written, top, pace(gate, ops)),
+                Writer::DisjointSmallPages | Writer::OtherIndex => {
                     churn_disjoint(&mut &*written, top, gate)
                 }
-                Writer::DisjointPaced => churn_disjoint(&mut &*written, top, gate.paced(PACED_OPS)),
                 Writer::DisjointRecycled => churn_recycled(&mut &*written, top, RECYCLED, gate),
-                Writer::HotSet => churn_hot(&mut &*written, &hot, gate),
-                Writer::HotSetMillion => churn_hot(&mut &*written, &hot, gate.paced(MILLION_OPS)),
-                Writer::HotSetPaced => churn_hot(&mut &*written, &hot, gate.paced(PACED_OPS)),
+                Writer::HotSet(ops) => churn_hot(&mut &*written, &hot, pace(gate, ops)),
                 Writer::Hashbrown => churn_disjoint(&mut private.clone(), top, gate),
                 Writer::Spin => spin(gate),
             };
@@ -249,7 +314,7 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
                 written.0.stats().resizes,
                 Instant::now(),
             );
-            if mode == Mode::Alternating {
+            if mode != Mode::Phases {
                 let a = alternating(cfg, stream, &read, &write, PAIRS);
                 let secs = t0.elapsed().as_secs_f64();
                 p.gps
@@ -257,7 +322,8 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
                 p.tables
                     .push((written.0.stats().resizes - rs0) as f64 / secs);
                 eprintln!(
-                    "  churn-alt {variant:<8} round {}  reader off {:>8.2} M/s, on {:>8.2} M/s, paired on ÷ off {:.3}, writer {:.3} M ops/s, round trip {} ns",
+                    "  {} {variant:<8} round {}  reader off {:>8.2} M/s, on {:>8.2} M/s, paired on ÷ off {:.3}, writer {:.3} M ops/s, round trip {} ns",
+                    mode.name(),
                     round + 1,
                     harness::median(&a.off) / 1e6,
                     harness::median(&a.on) / 1e6,
@@ -299,7 +365,7 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
             p.phases.churn.push(c);
         }
     }
-    if mode == Mode::Alternating {
+    if mode != Mode::Phases {
         let phases: Vec<&[Alternation]> = pooled.iter().map(|v| &v.alternations[..]).collect();
         let cutoff = alternation_cutoff(&phases);
         let h = ALTERNATION_HEADERS;
@@ -318,29 +384,29 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
         ];
         let mut rows = Vec::new();
         let mut body = Vec::new();
-        for (&(variant, _, _), v) in variants.iter().zip(&pooled) {
-            let mut cells = vec![variant.to_string()];
+        for ((variant, _, _), v) in variants.iter().zip(&pooled) {
+            let mut cells = vec![variant.clone()];
             cells.extend(alternation_cells(&v.alternations, cutoff, Some(0.9)));
             cells.insert(4, format!("{:.0}", harness::median(&v.gps)));
             cells.insert(5, format!("{:.0}", harness::median(&v.tables)));
             body.push(cells);
             rows.extend(alternation_rows(
-                "churn-alt",
+                mode.name(),
                 variant,
                 n,
                 "fprobe",
                 &v.alternations,
             ));
         }
-        print_alternation_table("churn-alt", "writer", n, &headers, &body);
+        print_alternation_table(mode.name(), "writer", n, &headers, &body);
         return rows;
     }
     let mut rows = Vec::new();
     let mut body = Vec::new();
     let cutoff = near_cutoff(pooled.iter().map(|v| &v.phases));
-    for (&(variant, _, _), v) in variants.iter().zip(&pooled) {
+    for ((variant, _, _), v) in variants.iter().zip(&pooled) {
         let (p, churned) = (&v.phases, v.phases.churned());
-        let mut cells = vec![variant.to_string()];
+        let mut cells = vec![variant.clone()];
         cells.extend(p.rate_cells());
         cells.extend([
             format!("{:.3}", p.writes() / 1e6),
@@ -355,7 +421,7 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
         ] {
             rows.push(Row::rate(
                 "churn",
-                variant.into(),
+                variant.clone(),
                 n,
                 imp.into(),
                 readers,

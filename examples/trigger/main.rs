@@ -7,6 +7,7 @@
 //! cargo run --release --example trigger -- --bench registration
 //! cargo run --release --example trigger -- --bench churn
 //! cargo run --release --example trigger -- --bench churn-alt
+//! cargo run --release --example trigger -- --bench churn-rates
 //! cargo run --release --example trigger -- --bench churn-peers
 //! cargo run --release --example trigger -- --bench churn-peers-alt
 //! cargo run --release --example trigger -- --bench kprobe-multi,kprobe-multi-all,kretprobe-multi-all
@@ -71,6 +72,11 @@ pub const BENCHES: &[BenchDef] = &[
         name: "churn-alt",
         about: "the churn writers held and let run every 20 ms inside one phase, windows paired (less drift)",
         run: bench_churn::run_alternating,
+    },
+    BenchDef {
+        name: "churn-rates",
+        about: "churn-alt's disjoint and hot-set writers capped at 0.5, 1, 2 and 4 M ops/s and flat out",
+        run: bench_churn::run_rates,
     },
     BenchDef {
         name: "churn-peers",
