@@ -59,6 +59,26 @@
 //! * A reader never blocks, never spins on a writer, and never sees a torn
 //!   or half-initialised entry, including during a resize.
 //!
+//! # What writes cost readers
+//!
+//! Writers never block readers, but every write stores to lines that
+//! readers may read (a slot's line, and for a changed address its new
+//! record), and a reader that next touches such a line fetches it from the
+//! writer's core.
+//! The loss is a cost per write times the write rate, and the cost depends
+//! mostly on how far apart the two cores are. On the project's 2-vCPU VM
+//! (`--bench churn-rates`, BENCHMARKS.md), with cores a 64–92 ns round trip
+//! apart, a write to other addresses cost the readers 3–15 ns of lookup
+//! time, and a write that replaces the record of an address taking much of
+//! the lookups about 20 ns. With the cores 200–350 ns apart it was 45–90 ns
+//! and 115–165 ns. So readers kept at least 0.9× their throughput under
+//! up to 1 M (other addresses) or 0.5 M (their own hot addresses) writes a
+//! second in either placement, and with the cores close under up to 4 M
+//! writes a second to their hot addresses and a flat-out writer (7–12 M
+//! writes a second) to other addresses. The concurrent maps measured beside
+//! it (scc, papaya, dashmap) cost their readers more per write in both
+//! placements.
+//!
 //! # Execution context
 //!
 //! | operation | blocks? | allocates? | async-signal-safe? |
