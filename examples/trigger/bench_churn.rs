@@ -76,10 +76,10 @@ use fprobe::rcu;
 use crate::Config;
 use crate::addrs::{self, Workload};
 use crate::churn::{
-    ALTERNATION_HEADERS, Alternation, Churned, Fprobe, Gate, PAIRS, Pooled, SUMMARY_HEADERS,
-    alternating, alternation_cells, alternation_cutoff, alternation_rows, churn_disjoint,
-    churn_hot, churn_recycled, churning, idle, near_cutoff, or_dash, print_alternation_table,
-    summary_cells,
+    ALTERNATION_HEADERS, Alternation, Churned, Fprobe, Gate, PAIRS, Pooled, RATIO_HEADER,
+    SUMMARY_HEADERS, alternating, alternation_cells, alternation_cutoff, alternation_rows,
+    churn_disjoint, churn_hot, churn_recycled, churning, idle, near_cutoff, or_dash,
+    print_alternation_table, summary_cells,
 };
 use crate::harness;
 use crate::impls::{self, BATCH};
@@ -368,27 +368,23 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
     if mode != Mode::Phases {
         let phases: Vec<&[Alternation]> = pooled.iter().map(|v| &v.alternations[..]).collect();
         let cutoff = alternation_cutoff(&phases);
-        let h = ALTERNATION_HEADERS;
-        let headers = [
-            "variant",
-            h[0],
-            h[1],
-            h[2],
-            "reclaimer grace periods/s",
-            "tables attached/s",
-            h[3],
-            "running ÷ held, paired windows (median, target ≥ 0.9×)",
-            h[5],
-            h[6],
-            h[7],
-        ];
+        let headers: Vec<&str> = std::iter::once("variant")
+            .chain(ALTERNATION_HEADERS.map(|h| {
+                if h == RATIO_HEADER {
+                    "running ÷ held, paired windows (median, target ≥ 0.9×)"
+                } else {
+                    h
+                }
+            }))
+            .chain(["reclaimer grace periods/s", "tables attached/s"])
+            .collect();
         let mut rows = Vec::new();
         let mut body = Vec::new();
         for ((variant, _, _), v) in variants.iter().zip(&pooled) {
             let mut cells = vec![variant.clone()];
             cells.extend(alternation_cells(&v.alternations, cutoff, Some(0.9)));
-            cells.insert(4, format!("{:.0}", harness::median(&v.gps)));
-            cells.insert(5, format!("{:.0}", harness::median(&v.tables)));
+            cells.push(format!("{:.0}", harness::median(&v.gps)));
+            cells.push(format!("{:.0}", harness::median(&v.tables)));
             body.push(cells);
             rows.extend(alternation_rows(
                 mode.name(),

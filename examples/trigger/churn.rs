@@ -646,13 +646,17 @@ pub fn summary_cells(p: &Pooled, cutoff: Option<f64>, target: Option<f64>) -> Ve
     ]
 }
 
+/// The header of [`alternation_cells`]'s ratio, which a table with a
+/// target names in its own words.
+pub const RATIO_HEADER: &str = "running ÷ held, paired windows (median)";
+
 /// Headers of the cells [`alternation_cells`] makes.
 pub const ALTERNATION_HEADERS: [&str; 8] = [
     "reader M/s, writer held (median window)",
     "reader M/s, writer running",
     "writer M ops/s while running",
     "round trip ns, median (far phases)",
-    "running ÷ held, paired windows (median)",
+    RATIO_HEADER,
     "spread of the paired ratios (p25–p75)",
     "near phases / far phases",
     "reader ns lost per write, near / far",
