@@ -70,7 +70,7 @@
 //! (`--bench churn-rates`, BENCHMARKS.md), with cores a 64–92 ns round trip
 //! apart, a write to other addresses cost the readers 3–15 ns of lookup
 //! time, and a write that replaces the record of an address taking much of
-//! the lookups about 20 ns. With the cores 200–350 ns apart it was 45–90 ns
+//! the lookups 19–29 ns. With the cores 200–350 ns apart it was 45–90 ns
 //! and 115–165 ns. So readers kept at least 0.9× their throughput under
 //! up to 1 M (other addresses) or 0.5 M (their own hot addresses) writes a
 //! second in either placement, and with the cores close under up to 4 M
