@@ -1,5 +1,6 @@
 //! One comparison table: every contender at every producer count, the
-//! contenders interleaved within each round and the rounds' samples pooled,
+//! contenders interleaved within each round (each round starting one
+//! contender further on) and the rounds' samples pooled,
 //! then a markdown table with each contender's rate against the reference
 //! contender's (fprobe's), same run, same data.
 
@@ -40,7 +41,13 @@ pub fn run(cfg: &Config, labels: &Labels<'_>, contenders: &[Contender<'_>]) -> V
     for &t in &cfg.threads {
         let mut per: Vec<Samples> = vec![Samples::default(); contenders.len()];
         for round in 0..cfg.rounds {
-            for (k, c) in contenders.iter().enumerate() {
+            // Each round starts one contender further on, so that no
+            // contender always runs first (right after the implementations
+            // were built, or after the previous thread count) or always
+            // right after the same one.
+            for i in 0..contenders.len() {
+                let k = (i + round) % contenders.len();
+                let c = &contenders[k];
                 let s = harness::run_producers(t, 0, &cfg.cpus, cfg.timing, &c.producer);
                 eprintln!(
                     "  {} {:<7} {t:>2}T round {}/{}  {:<24} {:>8.2} M/s{}",
