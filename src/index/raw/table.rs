@@ -814,6 +814,32 @@ mod tests {
         );
     }
 
+    /// Keys at each distance from their home up to 6 (in the home pair or
+    /// past it) are found, and a key absent from a sequence whose first
+    /// empty slot is at each of those distances is not; with homes near
+    /// the end, the sequences run through the extra slot and wrap to slot
+    /// 0.
+    #[test]
+    fn lookups_find_keys_at_every_distance_from_home() {
+        let rec = |n: usize| ptr::without_provenance_mut::<Header>(8 * (n + 1)); // never read
+        for home in [0, 5, 13, 14, 15] {
+            for n in 0..=7 {
+                let t = Table::new(16, 0x5eed, false);
+                let keys = keys_with_home(&t, home, n + 1);
+                for (d, &k) in keys[..n].iter().enumerate() {
+                    let (slot, dist, fresh) = t.claim(k);
+                    assert!(fresh);
+                    assert_eq!(dist, d, "home {home}, key {d}");
+                    slot.rec.store(rec(d), Ordering::Release);
+                }
+                for (d, &k) in keys[..n].iter().enumerate() {
+                    assert_eq!(t.lookup(k), rec(d), "home {home}, {n} keys, key {d}");
+                }
+                assert!(t.lookup(keys[n]).is_null(), "home {home}, {n} keys, absent");
+            }
+        }
+    }
+
     /// A probe sequence that starts at the last home slot runs through the
     /// extra slot and wraps to slot 0; lookups, claims and the statistics
     /// scan agree on it.
