@@ -59,6 +59,22 @@
 //! * A reader never blocks, never spins on a writer, and never sees a torn
 //!   or half-initialised entry, including during a resize.
 //!
+//! # What a lookup costs
+//!
+//! A key in its home pair of slots (about 94% of the keys at 38% load, the
+//! load of 50,000 addresses; tables grow at 50%) is found with one
+//! well-predicted branch. A key past it costs a mispredicted branch and a
+//! walk along its probe sequence: about 6–9 ns more per lookup on the
+//! project's VM (`BENCHMARKS.md`, "Keys past their home pair"). Which keys
+//! those are depends on the hash seed, random per index by default, so a
+//! workload that sends most lookups to a few addresses pays more of that
+//! cost in one index than in another: with 90% of the lookups on 64
+//! addresses, between one and seven of them were past their pair in ten
+//! indexes of the same 50,000 addresses, whose lookups took 10.6–12.4 ns,
+//! against 11.5–11.7 ns when all ten had the same seed.
+//! [`AddrIndexBuilder::hash_seed`] fixes the layout where timings must be
+//! reproducible.
+//!
 //! # What writes cost readers
 //!
 //! Writers never block readers, but every write stores to lines that
