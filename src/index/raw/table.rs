@@ -815,8 +815,8 @@ mod tests {
     }
 
     /// Keys at each distance from their home up to 6 (in the home pair or
-    /// past it) are found, and a key absent from a sequence whose first
-    /// empty slot is at each of those distances is not; with homes near
+    /// past it) are found, and keys absent from a sequence whose first
+    /// empty slot is at each of those distances are not; with homes near
     /// the end, the sequences run through the extra slot and wrap to slot
     /// 0.
     #[test]
@@ -825,7 +825,9 @@ mod tests {
         for home in [0, 5, 13, 14, 15] {
             for n in 0..=7 {
                 let t = Table::new(16, 0x5eed, false);
-                let keys = keys_with_home(&t, home, n + 1);
+                // Eight absent keys per case: an empty slot must end the
+                // search whichever of the pair's keys the pick lands on.
+                let keys = keys_with_home(&t, home, n + 8);
                 for (d, &k) in keys[..n].iter().enumerate() {
                     let (slot, dist, fresh) = t.claim(k);
                     assert!(fresh);
@@ -835,7 +837,9 @@ mod tests {
                 for (d, &k) in keys[..n].iter().enumerate() {
                     assert_eq!(t.lookup(k), rec(d), "home {home}, {n} keys, key {d}");
                 }
-                assert!(t.lookup(keys[n]).is_null(), "home {home}, {n} keys, absent");
+                for &absent in &keys[n..] {
+                    assert!(t.lookup(absent).is_null(), "home {home}, {n} keys, absent");
+                }
             }
         }
     }
