@@ -27,6 +27,7 @@ mod cpu;
 mod error;
 pub mod index;
 pub mod objpool;
+mod per_thread;
 pub mod probe;
 pub mod rcu;
 pub mod retinst;

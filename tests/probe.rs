@@ -181,55 +181,46 @@ fn recursion_from_a_handler_is_counted_not_followed() {
 }
 
 #[test]
-fn pool_exhaustion_and_depth_overflow_are_counted() {
+fn depth_overflow_is_counted_and_pairing_survives() {
+    // Three nested calls with a full-size return probe fit (the stack has
+    // room for 3 × (8 data words + 8) = 48 words; a frame takes 13), and
+    // markers of the deeper calls fill the rest; beyond that calls are
+    // only counted. Every deeper call still runs its entry handler.
     let reg = Registry::<()>::builder()
-        .instances(4)
-        .max_depth(64)
+        .data_size(64)
+        .max_depth(3)
         .build()
         .unwrap();
-    let exits = counter();
-    let e2 = exits.clone();
+    let entries = counter();
+    let e1 = entries.clone();
     let h = reg
         .register(
             Fprobe::builder()
-                .exit(move |_| {
-                    e2.fetch_add(1, Ordering::Relaxed);
+                .data_size(64)
+                .entry(move |e| {
+                    e1.fetch_add(1, Ordering::Relaxed);
+                    if !e.data.is_empty() {
+                        e.data.fill(e.ret_addr as u8);
+                    }
+                    EntryAction::Continue
                 })
+                .exit(|x| assert!(x.data.iter().all(|&b| b == x.ret_addr as u8)))
                 .build(),
             &[1],
         )
         .unwrap();
-    // 10 nested calls, only 4 instances in the pool.
-    for _ in 0..10 {
-        reg.on_entry(1, 0, &());
+    for depth in 0..20u64 {
+        reg.on_entry(1, depth, &());
     }
-    for _ in 0..10 {
-        reg.on_exit(0, &());
-    }
-    let s = reg.stats(h).unwrap();
-    assert_eq!(exits.load(Ordering::Relaxed), 4);
-    assert!(s.missed.pool_exhausted >= 6, "{s:?}");
-
-    let reg = Registry::<()>::builder()
-        .instances(64)
-        .max_depth(3)
-        .build()
-        .unwrap();
-    let h = reg
-        .register(Fprobe::builder().exit(|_| {}).build(), &[1])
-        .unwrap();
-    for _ in 0..10 {
-        reg.on_entry(1, 0, &());
-    }
-    for _ in 0..10 {
-        reg.on_exit(0, &());
+    for depth in (0..20u64).rev() {
+        reg.on_exit(depth, &());
     }
     let s = reg.stats(h).unwrap();
-    assert_eq!(s.exits, 3);
-    assert!(s.missed.depth >= 7, "{s:?}");
+    assert_eq!(entries.load(Ordering::Relaxed), 20);
+    assert_eq!((s.hits, s.exits, s.missed.depth), (20, 3, 17), "{s:?}");
     // Pairing survived: a fresh call works normally.
-    reg.on_entry(1, 0, &());
-    reg.on_exit(0, &());
+    reg.on_entry(1, 9, &());
+    reg.on_exit(9, &());
     assert_eq!(reg.stats(h).unwrap().exits, 4);
 }
 

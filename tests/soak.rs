@@ -421,7 +421,6 @@ fn soak_probe_register_unregister_dispatch() {
     let reg = Arc::new(
         Registry::<u64>::builder()
             .max_probes(64)
-            .instances(256)
             .max_depth(8)
             .build()
             .unwrap(),

@@ -45,19 +45,19 @@
 // call. Any other value (0 by convention) means "call it".
 #define FPROBE_SKIP_EXIT 1
 
-// An opaque registry: the address index, the probe slots and the return
-// instances. Create with [`fprobe_registry_new`].
+// An opaque registry: the address index, the probe slots and each
+// thread's shadow stack. Create with [`fprobe_registry_new`].
 typedef struct fprobe_registry fprobe_registry;
 
 // Registry settings. Zero in any field means its default.
 typedef struct fprobe_config {
   // Most probes registered at once (default 256, at most 65536).
   size_t max_probes;
-  // Return instances shared by all threads (default 4096).
-  size_t instances;
   // Largest per-call data a probe may ask for, bytes (default 64).
   size_t data_size;
-  // Deepest return-instance stack per thread (default 64).
+  // Nesting depth each thread's shadow stack holds: calls with a return
+  // probe of the full `data_size` (default 64; deeper calls skip their
+  // exit handlers and count `missed_depth`).
   size_t max_depth;
   // Addresses to presize the index for (default 0: grows on demand).
   size_t capacity;
@@ -139,11 +139,10 @@ typedef struct fprobe_stats {
   uint64_t hits;
   // Exit handlers run.
   uint64_t exits;
-  // Hits skipped because the thread was already inside a handler.
+  // Hits refused as recursion: a handler of the same context (normal
+  // code, or one signal-handler level) was already running.
   uint64_t missed_recursion;
-  // Exit handlers skipped: no free return instance.
-  uint64_t missed_pool_exhausted;
-  // Exit handlers skipped: the thread's return stack was full.
+  // Exit handlers skipped: the thread's shadow stack was full.
   uint64_t missed_depth;
   // Hits while the probe was disabled.
   uint64_t missed_disabled;
@@ -255,13 +254,14 @@ int fprobe_probe_stats(struct fprobe_registry *r, uint64_t handle, struct fprobe
 int fprobe_registry_addresses(struct fprobe_registry *r, size_t *out);
 
 // Function entry at `addr` (the engine's hook): runs the entry handlers of
-// the probes attached there and reserves return instances for their exit
-// handlers. Call [`fprobe_on_exit`] exactly once when this call returns,
+// the probes attached there and keeps what their exit handlers need on
+// the thread's shadow stack. Call [`fprobe_on_exit`] exactly once when this call returns,
 // on the same thread, in LIFO order with other calls.
 //
 // Returns [`FPROBE_OK`], [`FPROBE_E_NULL`] or [`FPROBE_E_DESTROYED`].
-// Thread-safe; never blocks; allocates only on a thread's first call;
-// async-signal-safe after that.
+// Thread-safe; never blocks; allocates only on a thread's first call
+// through the registry; async-signal-safe after that, also when a signal
+// handler dispatches in the middle of another dispatch on its thread.
 //
 // # Safety
 //
@@ -278,6 +278,18 @@ int fprobe_on_entry(struct fprobe_registry *r, uint64_t addr, uint64_t ret_addr,
 // As [`fprobe_on_entry`].
 int fprobe_on_exit(struct fprobe_registry *r, uint64_t ret_addr, void *ctx);
 
+// Forgets every call in flight on every thread for this registry: each
+// thread empties its shadow stack at its next dispatch, so exits of calls
+// entered before now run no handler. For engines that stop calling the
+// hooks and start again (exits of calls that returned in between would
+// otherwise pair with the wrong entries). Returns [`FPROBE_OK`],
+// [`FPROBE_E_NULL`] or [`FPROBE_E_DESTROYED`]. Thread-safe; never blocks.
+//
+// # Safety
+//
+// `r` is NULL or from [`fprobe_registry_new`].
+int fprobe_reset_pairing(struct fprobe_registry *r);
+
 // Waits until every probe unregistered (or registry destroyed) before
 // this call has been freed and its release callback has run. Returns
 // [`FPROBE_E_BUSY`] from inside a handler. Blocks; thread-safe.
@@ -290,9 +302,10 @@ void fprobe_ignore_current_thread(int ignore);
 // A static, NUL-terminated description of a status code.
 const char *fprobe_strerror(int code);
 
-// Makes the hooks dispatch to `r`. Fails with [`FPROBE_E_BUSY`] if the
-// runtime is attached already (to any registry) or `r` was attached
-// before, [`FPROBE_E_NULL`], [`FPROBE_E_DESTROYED`]. Thread-safe.
+// Makes the hooks dispatch to `r`, forgetting calls left in flight by an
+// earlier attachment of it. Fails with [`FPROBE_E_BUSY`] if the runtime
+// is attached already (to any registry), [`FPROBE_E_NULL`],
+// [`FPROBE_E_DESTROYED`]. Thread-safe.
 //
 // # Safety
 //

@@ -11,13 +11,12 @@
 //!
 //! # Invariants
 //!
-//! * **Re-entrancy.** A thread-local flag is set for the duration of each
-//!   hook. A hook entered while the flag is set — an instrumented signal
-//!   handler that interrupted a hook, or instrumented code the dispatcher
-//!   itself reaches — returns at once, both at entry and at exit of that
-//!   nested function, so pairing is kept and the dispatcher never runs
-//!   inside itself. (The probe layer separately counts instrumented calls
-//!   made by *handlers* as recursion misses.)
+//! * **Re-entrancy.** The hooks keep no state of their own: an
+//!   instrumented signal handler that interrupts a hook dispatches like
+//!   any other call (the probe layer is safe against a signal at any
+//!   instruction of a dispatch), and instrumented calls made by handlers
+//!   are refused and counted as recursion by the probe layer's
+//!   per-context guard.
 //! * **No allocation on the hit path.** After a thread's first hook (which
 //!   registers it with the RCU and the registry), a hook is: one load of
 //!   the attached registry, a thread-local flag, an RCU read-side section,
@@ -26,15 +25,16 @@
 //!   dispatched at entry, and their exits find no frame to pop (the probe
 //!   layer ignores an exit with an empty frame stack): every function
 //!   entered after attach has returned by then, because calls nest.
-//! * **Attach once.** Detaching leaves the frames of calls in flight on
-//!   their threads' stacks for that registry, where a later attach would
-//!   mis-pair them; so a registry can be attached once, and attaching
-//!   again returns `FPROBE_E_BUSY` (create a new registry instead).
+//! * **Attach again.** Detaching leaves the frames of calls in flight on
+//!   their threads' shadow stacks, and the exits of calls that return
+//!   while detached pop nothing; attaching therefore resets the registry's
+//!   pairing ([`Registry::reset_pairing`](fprobe::probe::Registry::reset_pairing))
+//!   before publishing it, so every thread starts from an empty stack and
+//!   a registry may be attached, detached and attached again.
 //! * **Lifetime.** The attached registry is loaded inside the RCU read
 //!   section of the hook; [`fprobe_cyg_detach`] and registry destruction
 //!   unpublish it and wait for a grace period before anything is freed.
 
-use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
@@ -45,15 +45,10 @@ use crate::{FPROBE_E_BUSY, FPROBE_E_DESTROYED, FPROBE_E_NULL, FPROBE_OK, fprobe_
 /// The registry the hooks dispatch to; null when detached.
 static ATTACHED: AtomicPtr<fprobe_registry> = AtomicPtr::new(std::ptr::null_mut());
 
-std::thread_local! {
-    /// Set while this thread runs a hook (const-initialised, no destructor:
-    /// usable at any point of a thread's life).
-    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Makes the hooks dispatch to `r`. Fails with [`FPROBE_E_BUSY`] if the
-/// runtime is attached already (to any registry) or `r` was attached
-/// before, [`FPROBE_E_NULL`], [`FPROBE_E_DESTROYED`]. Thread-safe.
+/// Makes the hooks dispatch to `r`, forgetting calls left in flight by an
+/// earlier attachment of it. Fails with [`FPROBE_E_BUSY`] if the runtime
+/// is attached already (to any registry), [`FPROBE_E_NULL`],
+/// [`FPROBE_E_DESTROYED`]. Thread-safe.
 ///
 /// # Safety
 ///
@@ -64,11 +59,19 @@ pub unsafe extern "C" fn fprobe_cyg_attach(r: *mut fprobe_registry) -> c_int {
     let Some(h) = (unsafe { r.as_ref() }) else {
         return FPROBE_E_NULL;
     };
-    if h.inner.load(Ordering::Acquire).is_null() {
-        return FPROBE_E_DESTROYED;
-    }
-    if h.cyg_used.swap(true, Ordering::AcqRel) {
-        return FPROBE_E_BUSY;
+    {
+        // A read section keeps the registry alive while it is reset.
+        let _guard = rcu::read_lock();
+        // Acquire: pairs with the Release store of `fprobe_registry_new`.
+        let p = h.inner.load(Ordering::Acquire);
+        // SAFETY: destroy unpublishes `inner` and waits a grace period
+        // before freeing; this section began before it could end.
+        match unsafe { p.as_ref() } {
+            // Seen by every hook after the publication below, which
+            // orders it (Release/Acquire on `ATTACHED`).
+            Some(reg) => reg.reset_pairing(),
+            None => return FPROBE_E_DESTROYED,
+        }
     }
     // SeqCst (also a Release: a hook that loads `r` sees the registry's
     // initialisation), with the re-check below against destroy.
@@ -90,11 +93,7 @@ pub unsafe extern "C" fn fprobe_cyg_attach(r: *mut fprobe_registry) -> c_int {
             }
             FPROBE_OK
         }
-        Err(_) => {
-            // Not used after all: it may be attached later.
-            h.cyg_used.store(false, Ordering::Release);
-            FPROBE_E_BUSY
-        }
+        Err(_) => FPROBE_E_BUSY,
     }
 }
 
@@ -119,20 +118,13 @@ pub(crate) fn detach_registry(r: *mut fprobe_registry) {
     let _ = ATTACHED.compare_exchange(r, std::ptr::null_mut(), Ordering::SeqCst, Ordering::SeqCst);
 }
 
-/// Runs `f` with the attached registry unless this thread is already in a
-/// hook or nothing is attached. One RCU read section covers both loads and
-/// the dispatch (`on_entry_in`/`on_exit_in` run inside it instead of
-/// entering sections of their own).
+/// Runs `f` with the attached registry, if any. One RCU read section
+/// covers both loads and the dispatch (`on_entry_in`/`on_exit_in` run
+/// inside it instead of entering sections of their own).
 #[inline(always)]
 fn hook(f: impl FnOnce(&crate::Reg, &rcu::ReadGuard)) {
     // Relaxed: a cheap filter; the pointer used is reloaded below.
     if ATTACHED.load(Ordering::Relaxed).is_null() {
-        return;
-    }
-    let Ok(nested) = IN_HOOK.try_with(|c| c.replace(true)) else {
-        return;
-    };
-    if nested {
         return;
     }
     {
@@ -151,7 +143,6 @@ fn hook(f: impl FnOnce(&crate::Reg, &rcu::ReadGuard)) {
             }
         }
     }
-    IN_HOOK.with(|c| c.set(false));
 }
 
 /// The `-finstrument-functions` entry hook.

@@ -93,15 +93,12 @@ pub const FPROBE_E_INTERNAL: c_int = -7;
 /// call. Any other value (0 by convention) means "call it".
 pub const FPROBE_SKIP_EXIT: c_int = 1;
 
-/// An opaque registry: the address index, the probe slots and the return
-/// instances. Create with [`fprobe_registry_new`].
+/// An opaque registry: the address index, the probe slots and each
+/// thread's shadow stack. Create with [`fprobe_registry_new`].
 pub struct fprobe_registry {
     magic: AtomicU64,
     /// `Arc::into_raw` of the registry; null once destroyed.
     inner: AtomicPtr<Reg>,
-    /// Set when the `-finstrument-functions` runtime attaches; never reset
-    /// (see [`cyg`]).
-    cyg_used: AtomicBool,
 }
 
 const LIVE: u64 = 0x6670_726f_6265_5247;
@@ -125,11 +122,11 @@ pub(crate) type Reg = Registry<EngineCtx>;
 pub struct fprobe_config {
     /// Most probes registered at once (default 256, at most 65536).
     pub max_probes: usize,
-    /// Return instances shared by all threads (default 4096).
-    pub instances: usize,
     /// Largest per-call data a probe may ask for, bytes (default 64).
     pub data_size: usize,
-    /// Deepest return-instance stack per thread (default 64).
+    /// Nesting depth each thread's shadow stack holds: calls with a return
+    /// probe of the full `data_size` (default 64; deeper calls skip their
+    /// exit handlers and count `missed_depth`).
     pub max_depth: usize,
     /// Addresses to presize the index for (default 0: grows on demand).
     pub capacity: usize,
@@ -216,11 +213,10 @@ pub struct fprobe_stats {
     pub hits: u64,
     /// Exit handlers run.
     pub exits: u64,
-    /// Hits skipped because the thread was already inside a handler.
+    /// Hits refused as recursion: a handler of the same context (normal
+    /// code, or one signal-handler level) was already running.
     pub missed_recursion: u64,
-    /// Exit handlers skipped: no free return instance.
-    pub missed_pool_exhausted: u64,
-    /// Exit handlers skipped: the thread's return stack was full.
+    /// Exit handlers skipped: the thread's shadow stack was full.
     pub missed_depth: u64,
     /// Hits while the probe was disabled.
     pub missed_disabled: u64,
@@ -350,9 +346,6 @@ pub unsafe extern "C" fn fprobe_registry_new(
         if c.max_probes != 0 {
             b = b.max_probes(c.max_probes);
         }
-        if c.instances != 0 {
-            b = b.instances(c.instances);
-        }
         if c.data_size != 0 {
             b = b.data_size(c.data_size);
         }
@@ -373,7 +366,6 @@ pub unsafe extern "C" fn fprobe_registry_new(
         let handle = Box::new(fprobe_registry {
             magic: AtomicU64::new(LIVE),
             inner: AtomicPtr::new(Arc::into_raw(Arc::new(reg)).cast_mut()),
-            cyg_used: AtomicBool::new(false),
         });
         // SAFETY: checked non-null; writable by the contract.
         unsafe { *out = Box::into_raw(handle) };
@@ -622,7 +614,6 @@ pub unsafe extern "C" fn fprobe_probe_stats(
                 hits: s.hits,
                 exits: s.exits,
                 missed_recursion: s.missed.recursion,
-                missed_pool_exhausted: s.missed.pool_exhausted,
                 missed_depth: s.missed.depth,
                 missed_disabled: s.missed.disabled,
             };
@@ -680,13 +671,14 @@ unsafe fn dispatch(r: *const fprobe_registry, f: impl FnOnce(&Reg)) -> c_int {
 }
 
 /// Function entry at `addr` (the engine's hook): runs the entry handlers of
-/// the probes attached there and reserves return instances for their exit
-/// handlers. Call [`fprobe_on_exit`] exactly once when this call returns,
+/// the probes attached there and keeps what their exit handlers need on
+/// the thread's shadow stack. Call [`fprobe_on_exit`] exactly once when this call returns,
 /// on the same thread, in LIFO order with other calls.
 ///
 /// Returns [`FPROBE_OK`], [`FPROBE_E_NULL`] or [`FPROBE_E_DESTROYED`].
-/// Thread-safe; never blocks; allocates only on a thread's first call;
-/// async-signal-safe after that.
+/// Thread-safe; never blocks; allocates only on a thread's first call
+/// through the registry; async-signal-safe after that, also when a signal
+/// handler dispatches in the middle of another dispatch on its thread.
 ///
 /// # Safety
 ///
@@ -718,6 +710,22 @@ pub unsafe extern "C" fn fprobe_on_exit(
 ) -> c_int {
     // SAFETY: forwarded contract.
     unsafe { dispatch(r, |reg| reg.on_exit(ret_addr, &EngineCtx(ctx))) }
+}
+
+/// Forgets every call in flight on every thread for this registry: each
+/// thread empties its shadow stack at its next dispatch, so exits of calls
+/// entered before now run no handler. For engines that stop calling the
+/// hooks and start again (exits of calls that returned in between would
+/// otherwise pair with the wrong entries). Returns [`FPROBE_OK`],
+/// [`FPROBE_E_NULL`] or [`FPROBE_E_DESTROYED`]. Thread-safe; never blocks.
+///
+/// # Safety
+///
+/// `r` is NULL or from [`fprobe_registry_new`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_reset_pairing(r: *mut fprobe_registry) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { dispatch(r, |reg| reg.reset_pairing()) }
 }
 
 /// Waits until every probe unregistered (or registry destroyed) before

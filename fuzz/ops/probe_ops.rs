@@ -9,15 +9,18 @@
 //! unregistrations, enables and disables before it; and what each probe's
 //! counters (`Registry::stats`: hits, exits, misses by cause, panics) must
 //! read. Handlers log every call; the log and the counters are compared with
-//! the model after every step. The registry is tiny (4 probe slots, a few
-//! return instances, a shallow return stack) so that every miss path runs.
+//! the model after every step. The registry is tiny (4 probe slots, a
+//! shadow stack a few words deep) so that every miss path runs; the model
+//! counts the stack's words exactly as `probe/shadow.rs` lays them out.
+//! Registries are also dropped and made anew between calls, and pairing
+//! reset, with calls in flight.
 //!
 //! Handler panics are raised with `resume_unwind`, which skips the panic
 //! hook: the fuzzer's hook aborts on any real panic, and the registry must
 //! contain these ones.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use arbitrary::{Arbitrary, Unstructured};
 use fprobe::Error;
@@ -26,8 +29,6 @@ use fprobe::probe::{
 };
 
 const MAX_PROBES: usize = 4;
-/// The registry's per-call data size.
-const DATA_SIZE: usize = 16;
 
 /// What an entry handler does after logging its call.
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +45,7 @@ pub struct ProbeSpec {
     entry: Option<EntryKind>,
     /// `None`: no exit handler; `Some(true)`: one that panics.
     exit: Option<bool>,
-    /// Per-call data; above `DATA_SIZE` the registration must fail.
+    /// Per-call data; above the registry's the registration must fail.
     data_size: u8,
     /// The handlers call this (probed or not) address themselves.
     recurse: Option<u8>,
@@ -67,6 +68,10 @@ pub enum Op {
     CallOnOtherThread(u8),
     Ignore(bool),
     Stats,
+    /// `Registry::reset_pairing`.
+    ResetPairing,
+    /// Drops the registry (calls may be in flight) and makes a new one.
+    Recreate,
 }
 
 /// Maps a fuzzed byte to an address: a small space, with 0 and `u64::MAX`.
@@ -106,12 +111,13 @@ fn pattern(probe: usize, addr: u64, len: usize) -> Vec<u8> {
 struct DeliberatePanic;
 
 type Log = Arc<Mutex<Vec<Event>>>;
-type RegCell = Arc<OnceLock<Weak<Registry<()>>>>;
+type RegCell = Arc<Mutex<Weak<Registry<()>>>>;
 
 /// Calls `addr` from inside a handler: the registry must count a recursion
 /// miss per probe attached there and run nothing.
 fn nested_call(reg: &RegCell, addr: u64) {
-    if let Some(r) = reg.get().and_then(Weak::upgrade) {
+    let r = reg.lock().unwrap().upgrade();
+    if let Some(r) = r {
         r.on_entry(addr, 0, &());
         r.on_exit(0, &());
     }
@@ -197,7 +203,6 @@ struct Counters {
     hits: u64,
     exits: u64,
     recursion: u64,
-    exhausted: u64,
     depth: u64,
     disabled: u64,
     panics: u64,
@@ -209,7 +214,6 @@ impl Counters {
             hits: s.hits,
             exits: s.exits,
             recursion: s.missed.recursion,
-            exhausted: s.missed.pool_exhausted,
             depth: s.missed.depth,
             disabled: s.missed.disabled,
             panics: s.panics,
@@ -221,11 +225,13 @@ struct ModelProbe {
     handle: ProbeHandle,
     spec: ProbeSpec,
     alive: bool,
+    /// Its registry was dropped: its handle means nothing any more.
+    gone: bool,
     enabled: bool,
     counters: Counters,
 }
 
-/// One in-flight return instance: its probe, address and cookie.
+/// One kept exit handler: its probe, address and cookie.
 #[derive(Clone, Copy, Debug)]
 struct Inst {
     probe: usize,
@@ -233,34 +239,43 @@ struct Inst {
     cookie: u64,
 }
 
+/// One frame on a thread's shadow stack.
+struct Frame {
+    /// Words it takes.
+    words: usize,
+    /// Kept exit handlers, oldest first (none: a marker).
+    insts: Vec<Inst>,
+}
+
 /// One thread's dispatch state.
 #[derive(Default)]
 struct ThreadModel {
-    /// Instances pushed per call, innermost last.
-    frames: Vec<Vec<Inst>>,
+    frames: Vec<Frame>,
+    /// Words in use.
+    top: usize,
     /// Calls whose frame did not fit.
     overflow: usize,
-    /// Finished instances cached for reuse by this thread.
-    free: usize,
+    /// `reset_pairing` was called since this thread's last dispatch.
+    reset: bool,
     ignored: bool,
-}
-
-impl ThreadModel {
-    fn depth(&self) -> usize {
-        self.frames.iter().map(Vec::len).sum()
-    }
 }
 
 struct Model {
     probes: Vec<ModelProbe>,
     /// `(address, probe, cookie)` in registration order: the index's values.
     attached: Vec<(u64, usize, u64)>,
-    /// Instances outside the shared pool (in some thread's stack or cache).
-    owned: usize,
-    instances: usize,
-    max_depth: usize,
-    max_frames: usize,
+    /// Words of a thread's shadow stack.
+    cap: usize,
     events: Vec<Event>,
+}
+
+/// Words a probe's return entry takes (0: no exit handler).
+fn frame_words(spec: &ProbeSpec) -> usize {
+    if spec.exit.is_some() {
+        usize::from(spec.data_size).div_ceil(8) + 3
+    } else {
+        0
+    }
 }
 
 impl Model {
@@ -273,91 +288,110 @@ impl Model {
     }
 
     /// A nested call from a handler: recursion misses for every probe
-    /// attached there (enabled or not), nothing runs.
-    fn nested(&mut self, t: &ThreadModel, recurse: Option<u8>) {
+    /// attached there (enabled or not), nothing runs; its marker frame is
+    /// pushed and popped above the caller's reservation.
+    fn nested(&mut self, recurse: Option<u8>) {
         if let Some(a) = recurse {
-            if t.frames.len() < self.max_frames {
-                for (p, _) in self.at(addr(a)) {
-                    self.probes[p].counters.recursion += 1;
-                }
+            for (p, _) in self.at(addr(a)) {
+                self.probes[p].counters.recursion += 1;
             }
+        }
+    }
+
+    /// The start of a top-level dispatch on `t`.
+    fn begin(&self, t: &mut ThreadModel) {
+        if t.reset {
+            t.frames.clear();
+            t.top = 0;
+            t.overflow = 0;
+            t.reset = false;
+        }
+    }
+
+    fn push_marker(&self, t: &mut ThreadModel) {
+        if t.top < self.cap {
+            t.top += 1;
+            t.frames.push(Frame {
+                words: 1,
+                insts: Vec::new(),
+            });
+        } else {
+            t.overflow += 1;
         }
     }
 
     fn on_entry(&mut self, t: &mut ThreadModel, a: u64) {
-        if t.frames.len() >= self.max_frames {
-            t.overflow += 1;
+        self.begin(t);
+        let at = self.at(a);
+        if at.is_empty() || t.ignored {
+            self.push_marker(t);
             return;
         }
-        let mut frame = Vec::new();
-        if !t.ignored {
-            for (p, cookie) in self.at(a) {
-                if !self.probes[p].enabled {
-                    self.probes[p].counters.disabled += 1;
-                    continue;
-                }
-                self.probes[p].counters.hits += 1;
-                let spec = self.probes[p].spec.clone();
-                let mut pushed = false;
-                if spec.exit.is_some() {
-                    let depth = t.depth() + frame.len();
-                    if depth >= self.max_depth {
-                        self.probes[p].counters.depth += 1;
-                    } else if t.free > 0 {
-                        t.free -= 1;
-                        pushed = true;
-                    } else if self.owned < self.instances {
-                        self.owned += 1;
-                        pushed = true;
-                    } else {
-                        self.probes[p].counters.exhausted += 1;
-                    }
-                }
-                let mut action = EntryKind::Continue;
-                if let Some(kind) = spec.entry {
-                    self.events.push(Event::Entry {
-                        probe: p,
-                        addr: a,
-                        cookie,
-                        data_len: if pushed {
-                            usize::from(spec.data_size)
-                        } else {
-                            0
-                        },
-                    });
-                    self.nested(t, spec.recurse);
-                    action = kind;
-                    if kind == EntryKind::Panic {
-                        self.probes[p].counters.panics += 1;
-                    }
-                }
-                if pushed {
-                    if action == EntryKind::Continue {
-                        frame.push(Inst {
-                            probe: p,
-                            addr: a,
-                            cookie,
-                        });
-                    } else {
-                        t.free += 1;
-                    }
+        let need = 2 + at
+            .iter()
+            .map(|&(p, _)| frame_words(&self.probes[p].spec))
+            .sum::<usize>();
+        let reserved = need > 2 && t.top + need <= self.cap;
+        let mut insts = Vec::new();
+        let mut used = 0;
+        for (p, cookie) in at {
+            if !self.probes[p].enabled {
+                self.probes[p].counters.disabled += 1;
+                continue;
+            }
+            self.probes[p].counters.hits += 1;
+            let spec = self.probes[p].spec.clone();
+            let fw = frame_words(&spec);
+            let keep = reserved && fw > 0;
+            if fw > 0 && !keep {
+                self.probes[p].counters.depth += 1;
+            }
+            let mut action = EntryKind::Continue;
+            if let Some(kind) = spec.entry {
+                self.events.push(Event::Entry {
+                    probe: p,
+                    addr: a,
+                    cookie,
+                    data_len: if keep { usize::from(spec.data_size) } else { 0 },
+                });
+                self.nested(spec.recurse);
+                action = kind;
+                if kind == EntryKind::Panic {
+                    self.probes[p].counters.panics += 1;
                 }
             }
+            if keep && action == EntryKind::Continue {
+                insts.push(Inst {
+                    probe: p,
+                    addr: a,
+                    cookie,
+                });
+                used += fw;
+            }
         }
-        t.frames.push(frame);
+        if insts.is_empty() {
+            self.push_marker(t);
+        } else {
+            t.top += used + 2;
+            t.frames.push(Frame {
+                words: used + 2,
+                insts,
+            });
+        }
     }
 
     fn on_exit(&mut self, t: &mut ThreadModel) {
+        self.begin(t);
         if t.overflow > 0 {
             t.overflow -= 1;
             return;
         }
         let Some(frame) = t.frames.pop() else { return };
-        for inst in frame.into_iter().rev() {
-            t.free += 1;
+        t.top -= frame.words;
+        for inst in frame.insts.into_iter().rev() {
             let mp = &self.probes[inst.probe];
             if !mp.alive {
-                continue; // expired: unregistered since the entry
+                continue; // unregistered since the entry
             }
             let Some(panics) = mp.spec.exit else { continue };
             let recurse = mp.spec.recurse;
@@ -367,7 +401,7 @@ impl Model {
                 cookie: inst.cookie,
                 data_ok: true,
             });
-            self.nested(t, recurse);
+            self.nested(recurse);
             let c = &mut self.probes[inst.probe].counters;
             if panics {
                 c.panics += 1;
@@ -385,8 +419,10 @@ impl Model {
     }
 
     fn dead(&self, nth: u8) -> Option<usize> {
+        // Probes of a dropped registry are left out: their handles may
+        // name live probes of the new one.
         let dead: Vec<usize> = (0..self.probes.len())
-            .filter(|&i| !self.probes[i].alive)
+            .filter(|&i| !self.probes[i].alive && !self.probes[i].gone)
             .collect();
         (!dead.is_empty()).then(|| dead[usize::from(nth) % dead.len()])
     }
@@ -395,6 +431,9 @@ impl Model {
 fn check(reg: &Registry<()>, m: &Model, log: &Log) {
     assert_eq!(*log.lock().unwrap(), m.events, "handler calls");
     for (i, p) in m.probes.iter().enumerate() {
+        if p.gone {
+            continue;
+        }
         match reg.stats(p.handle) {
             Ok(s) => {
                 assert!(p.alive, "stats of unregistered probe {i}");
@@ -410,29 +449,31 @@ fn check(reg: &Registry<()>, m: &Model, log: &Log) {
     assert_eq!(reg.addresses(), addrs.len());
 }
 
-/// Runs `ops` on the calling thread against a registry with `instances`
-/// return instances and return stacks `max_depth` deep.
-pub fn run(instances: usize, max_depth: usize, ops: &[Op]) {
-    let alive = Arc::new(AtomicUsize::new(0));
-    let log: Log = Arc::new(Mutex::new(Vec::new()));
-    let cell: RegCell = Arc::new(OnceLock::new());
+/// A registry of the run's shape, published in `cell` for nested calls.
+fn new_registry(data_size: usize, max_depth: usize, cell: &RegCell) -> Arc<Registry<()>> {
     let reg = Arc::new(
         Registry::<()>::builder()
             .max_probes(MAX_PROBES)
-            .instances(instances)
             .max_depth(max_depth)
-            .data_size(DATA_SIZE)
+            .data_size(data_size)
             .build()
             .unwrap(),
     );
-    cell.set(Arc::downgrade(&reg)).unwrap();
+    *cell.lock().unwrap() = Arc::downgrade(&reg);
+    reg
+}
+
+/// Runs `ops` on the calling thread against registries with `data_size`
+/// bytes of per-call data and shadow stacks `max_depth` deep.
+pub fn run(data_size: usize, max_depth: usize, ops: &[Op]) {
+    let alive = Arc::new(AtomicUsize::new(0));
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    let cell: RegCell = Arc::new(Mutex::new(Weak::new()));
+    let mut reg = new_registry(data_size, max_depth, &cell);
     let mut m = Model {
         probes: Vec::new(),
         attached: Vec::new(),
-        owned: 0,
-        instances,
-        max_depth,
-        max_frames: max_depth.max(1) * 4,
+        cap: (max_depth * (data_size.div_ceil(8) + 8)).max(1),
         events: Vec::new(),
     };
     let mut me = ThreadModel::default();
@@ -448,7 +489,7 @@ pub fn run(instances: usize, max_depth: usize, ops: &[Op]) {
                     .collect();
                 let r = reg.register_with_cookies(probe, pairs.iter().copied());
                 let live = m.probes.iter().filter(|p| p.alive).count();
-                if usize::from(spec.data_size) > DATA_SIZE {
+                if usize::from(spec.data_size) > data_size {
                     assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
                 } else if live == MAX_PROBES {
                     assert!(matches!(r, Err(Error::CapacityExceeded { .. })), "{r:?}");
@@ -458,6 +499,7 @@ pub fn run(instances: usize, max_depth: usize, ops: &[Op]) {
                         handle,
                         spec: spec.clone(),
                         alive: true,
+                        gone: false,
                         enabled: true,
                         counters: Counters::default(),
                     });
@@ -505,14 +547,28 @@ pub fn run(instances: usize, max_depth: usize, ops: &[Op]) {
                 let mut other = ThreadModel::default();
                 m.on_entry(&mut other, k);
                 m.on_exit(&mut other);
-                // The thread's exit gave its cached instances back.
-                m.owned -= other.free;
             }
             Op::Ignore(on) => {
                 ignore_current_thread(*on);
                 me.ignored = *on;
             }
             Op::Stats => {}
+            Op::ResetPairing => {
+                reg.reset_pairing();
+                me.reset = true;
+            }
+            Op::Recreate => {
+                reg = new_registry(data_size, max_depth, &cell);
+                for p in &mut m.probes {
+                    p.alive = false;
+                    p.gone = true;
+                }
+                m.attached.clear();
+                me = ThreadModel {
+                    ignored: me.ignored,
+                    ..ThreadModel::default()
+                };
+            }
         }
         check(&reg, &m, &log);
     }
@@ -527,11 +583,11 @@ pub fn run(instances: usize, max_depth: usize, ops: &[Op]) {
 }
 
 /// Decodes fuzzer bytes (registry shape, then ops until the bytes run out)
-/// and runs them on a fresh thread (a registry's per-thread state lives
-/// until its thread exits, so each run gets its own).
+/// and runs them on a fresh thread (so that the thread-wide `ignore` flag
+/// and the recursion guard start clear).
 pub fn run_bytes(data: &[u8]) {
     let mut u = Unstructured::new(data);
-    let instances = usize::from(u.arbitrary::<u8>().unwrap_or(0) % 8) + 1;
+    let data_size = 8 * usize::from(u.arbitrary::<u8>().unwrap_or(0) % 4);
     let max_depth = usize::from(u.arbitrary::<u8>().unwrap_or(0) % 5);
     let mut ops = Vec::new();
     while !u.is_empty() {
@@ -540,7 +596,7 @@ pub fn run_bytes(data: &[u8]) {
             Err(_) => break,
         }
     }
-    if let Err(e) = std::thread::spawn(move || run(instances, max_depth, &ops)).join() {
+    if let Err(e) = std::thread::spawn(move || run(data_size, max_depth, &ops)).join() {
         std::panic::resume_unwind(e);
     }
 }

@@ -101,7 +101,6 @@ ENGINE int ctest_run(const struct ctest_params *p, struct ctest_result *out) {
 
     struct fprobe_config cfg = {0};
     cfg.max_depth = 1024;
-    cfg.instances = 16384;
     cfg.data_size = sizeof(struct call_data);
     struct fprobe_registry *r = NULL;
     int rc = fprobe_registry_new(&cfg, &r);

@@ -168,7 +168,6 @@ fn run(libs: &Libs, funcs: &[Func], h: Handlers, mode: Mode, threads: usize, row
                 capacity: funcs.len(),
                 data_size: 8,
                 max_depth: 256,
-                instances: 16384,
                 hit_cache_entries: hit_cache.0,
                 hit_cache_per_cpu: hit_cache.1,
                 ..Default::default()
@@ -430,13 +429,8 @@ fn main() {
         let p = r.probe.unwrap();
         println!();
         println!(
-            "probe counters (last fprobe run): hits {}, exits {}, missed: recursion {}, pool exhausted {}, depth {}, disabled {}",
-            p.hits,
-            p.exits,
-            p.missed_recursion,
-            p.missed_pool_exhausted,
-            p.missed_depth,
-            p.missed_disabled
+            "probe counters (last fprobe run): hits {}, exits {}, missed: recursion {}, depth {}, disabled {}",
+            p.hits, p.exits, p.missed_recursion, p.missed_depth, p.missed_disabled
         );
         let hit = r.stats.iter().filter(|s| s.calls > 0).count();
         println!(

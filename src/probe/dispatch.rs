@@ -1,0 +1,252 @@
+//! The hot path: entry and exit dispatch.
+//!
+//! An entry is one index lookup (inside the caller's RCU read section), one
+//! load of each attached probe's slot state, the handlers, and one frame
+//! pushed on the thread's shadow stack holding everything the exit needs
+//! (the kernel's fgraph model). An exit pops that frame and never looks
+//! the address up again: a probe registered between entry and return has
+//! nothing in the frame, and one unregistered since is recognised by its
+//! slot's generation. Neither takes a lock, allocates (after the thread's
+//! first dispatch through the registry), touches a reference count or
+//! writes a line another thread writes.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use super::def::{EntryAction, EntryContext, ExitContext};
+use super::recursion;
+use super::registry::{Attach, Registry, state};
+use super::shadow::Local;
+use super::stats::Counter;
+use crate::rcu;
+use crate::sync::Ordering;
+
+/// Words of a full frame's header (`[addr, n]`).
+const HEADER: usize = 2;
+
+impl<C: Send + Sync + 'static> Registry<C> {
+    /// Function entry at `addr`: runs the entry handlers of the probes
+    /// attached there, in registration order, and keeps what their exit
+    /// handlers need. Call [`on_exit`](Self::on_exit) exactly once when
+    /// this call returns.
+    #[inline]
+    pub fn on_entry(&self, addr: u64, ret_addr: u64, ctx: &C) {
+        self.on_entry_in(&rcu::read_lock(), addr, ret_addr, ctx);
+    }
+
+    /// [`on_entry`](Self::on_entry) inside a read-side section the caller
+    /// already holds (an engine's hook that loaded the registry under it):
+    /// saves entering a nested section.
+    #[inline]
+    pub fn on_entry_in(&self, guard: &rcu::ReadGuard, addr: u64, ret_addr: u64, ctx: &C) {
+        let Some(local) = self.local() else { return };
+        // Relaxed: see `reset_pairing`.
+        local.begin(self.epoch.load(Ordering::Relaxed));
+        let attached = self.index.get(addr, guard);
+        if attached.is_empty() || recursion::ignored() {
+            local.push_marker();
+        } else if let Some(level) = recursion::enter() {
+            self.entry_frame(local, attached, addr, ret_addr, ctx);
+            drop(level);
+        } else {
+            self.bump_all(local, attached, Counter::Recursion);
+            local.push_marker();
+        }
+        local.end();
+    }
+
+    /// Runs the entry side of every probe in `attached` and pushes the
+    /// call's frame (see `shadow.rs` for the layout and why each step is
+    /// safe against a signal handler that dispatches in between).
+    #[inline(always)]
+    fn entry_frame(
+        &self,
+        local: &Local,
+        attached: &[Attach<C>],
+        addr: u64,
+        ret_addr: u64,
+        ctx: &C,
+    ) {
+        let need: usize = HEADER
+            + attached
+                .iter()
+                .map(|a| a.frame_words as usize)
+                .sum::<usize>();
+        // With no exit handler among them only a marker is needed.
+        let base = if need > HEADER {
+            local.reserve(need)
+        } else {
+            None
+        };
+        let (mut used, mut n) = (0usize, 0u64);
+        for a in attached {
+            let slot = &self.slots[a.slot as usize];
+            // Acquire: pairs with the Release state store of
+            // `register_with_cookies`; the probe's fields are visible.
+            let s = slot.state.load(Ordering::Acquire);
+            if s != state(a.generation, true) {
+                if s == state(a.generation, false) {
+                    local.counters.bump(a.slot, Counter::Disabled);
+                }
+                continue; // disabled, or being unregistered
+            }
+            local.counters.bump(a.slot, Counter::Hits);
+            let p = &*a.probe;
+            let keep = match base {
+                Some(base) if a.frame_words > 0 => Some(base + used),
+                _ => {
+                    if a.frame_words > 0 {
+                        local.counters.bump(a.slot, Counter::Depth);
+                    }
+                    None
+                }
+            };
+            let action = match &p.entry {
+                Some(entry) => {
+                    let data: &mut [u8] = match keep {
+                        // SAFETY: `frame_words` covers the data words; the
+                        // words lie in our reservation, which nothing else
+                        // references until the frame is pushed.
+                        Some(at) => unsafe { local.data_mut(at, p.data_size) },
+                        None => &mut [],
+                    };
+                    let mut ec = EntryContext {
+                        addr,
+                        ret_addr,
+                        cookie: a.cookie,
+                        ctx,
+                        data,
+                    };
+                    catch_unwind(AssertUnwindSafe(|| entry(&mut ec))).unwrap_or_else(|_| {
+                        local.counters.bump(a.slot, Counter::Panics);
+                        EntryAction::SkipExit
+                    })
+                }
+                None => EntryAction::Continue,
+            };
+            if let (Some(at), EntryAction::Continue) = (keep, action) {
+                let dw = a.frame_words as usize - 3;
+                local.write(at + dw, a.cookie);
+                local.write(at + dw + 1, a.generation);
+                local.write(at + dw + 2, u64::from(a.slot) | (dw as u64) << 32);
+                used += a.frame_words as usize;
+                n += 1;
+            }
+        }
+        match base {
+            Some(base) if n > 0 => {
+                local.write(base + used, addr);
+                local.write(base + used + 1, n);
+                local.commit(base, used + HEADER);
+            }
+            Some(base) => {
+                // Reserved, nothing kept: the frame shrinks to a marker.
+                local.write(base, 0);
+                local.commit(base, 1);
+            }
+            None => local.push_marker(),
+        }
+    }
+
+    /// Function return: runs the exit handlers kept by the matching
+    /// [`on_entry`](Self::on_entry), newest first, skipping probes
+    /// unregistered since. Never looks the address up again: a probe
+    /// registered between entry and return has nothing kept for this call.
+    #[inline]
+    pub fn on_exit(&self, ret_addr: u64, ctx: &C) {
+        self.on_exit_with(ret_addr, ctx, rcu::read_lock);
+    }
+
+    /// [`on_exit`](Self::on_exit) inside a read-side section the caller
+    /// already holds.
+    #[inline]
+    pub fn on_exit_in(&self, _guard: &rcu::ReadGuard, ret_addr: u64, ctx: &C) {
+        self.on_exit_with(ret_addr, ctx, || ());
+    }
+
+    /// `section` opens the read-side section the exit handlers run in (or
+    /// nothing, when the caller holds one); called only when there is a
+    /// handler to run.
+    #[inline(always)]
+    fn on_exit_with<G>(&self, ret_addr: u64, ctx: &C, section: impl FnOnce() -> G) {
+        let Some(local) = self.local() else { return };
+        // Relaxed: see `reset_pairing`.
+        local.begin(self.epoch.load(Ordering::Relaxed));
+        if let Some(top) = local.pop() {
+            let _section = section();
+            let base = self.exit_frame(local, top, ret_addr, ctx);
+            local.release(base);
+        }
+        local.end();
+    }
+
+    /// Runs the exit handlers of the full frame below `top`; returns the
+    /// frame's base.
+    #[inline(always)]
+    fn exit_frame(&self, local: &Local, top: usize, ret_addr: u64, ctx: &C) -> usize {
+        let n = local.read(top - 1);
+        let addr = local.read(top - 2);
+        let mut p = top - HEADER;
+        let level = recursion::enter();
+        for _ in 0..n {
+            let meta = local.read(p - 1);
+            let generation = local.read(p - 2);
+            let cookie = local.read(p - 3);
+            let (slot_idx, dw) = (meta as u32, (meta >> 32) as usize);
+            let data_at = p - 3 - dw;
+            p = data_at;
+            let Some(slot) = self.slots.get(slot_idx as usize) else {
+                continue;
+            };
+            if level.is_none() {
+                local.counters.bump(slot_idx, Counter::Recursion);
+                continue;
+            }
+            // Acquire: pairs with the Release state store of
+            // `register_with_cookies`; the probe pointer is visible.
+            if slot.state.load(Ordering::Acquire) >> 1 != generation {
+                continue; // unregistered since the entry
+            }
+            // Relaxed: ordered by the Acquire above.
+            let fp = slot.probe.load(Ordering::Relaxed);
+            // SAFETY: the generation matched inside our read section, so
+            // `unregister` has not passed its grace period: the Arc it owns
+            // keeps the probe alive until we leave the section.
+            let Some(fp) = (unsafe { fp.as_ref() }) else {
+                continue;
+            };
+            let Some(exit) = &fp.exit else { continue };
+            // SAFETY: the data words of this return entry, below `top`
+            // (which covers them until `release`), written by the entry.
+            let data = unsafe { local.data(data_at, fp.data_size.min(dw * 8)) };
+            let xc = ExitContext {
+                addr,
+                ret_addr,
+                cookie,
+                ctx,
+                data,
+            };
+            let which = match catch_unwind(AssertUnwindSafe(|| exit(&xc))) {
+                Ok(()) => Counter::Exits,
+                Err(_) => Counter::Panics,
+            };
+            local.counters.bump(slot_idx, which);
+        }
+        drop(level);
+        p
+    }
+}
+
+/// Makes every registry skip probes on the calling thread (`true`) or not
+/// (`false`): for an engine's own threads. Frames are still kept, so
+/// entry/exit pairing survives toggling mid-call.
+///
+/// # Examples
+///
+/// ```
+/// fprobe::probe::ignore_current_thread(true);
+/// // ... this thread's calls run no probe ...
+/// fprobe::probe::ignore_current_thread(false);
+/// ```
+pub fn ignore_current_thread(ignore: bool) {
+    recursion::set_ignored(ignore);
+}

@@ -1,0 +1,105 @@
+//! The probe layer: the kernel's fprobe in userspace.
+//!
+//! A [`Fprobe`] bundles an entry handler, an optional exit handler and the
+//! size of the per-call data passed from one to the other. A [`Registry`]
+//! attaches probes to many addresses at once (all or nothing) and
+//! dispatches: an engine calls [`Registry::on_entry`] from its hook or
+//! trampoline when a function is entered and [`Registry::on_exit`] when it
+//! returns, once for every `on_entry`, in LIFO order (as a return
+//! trampoline or `-finstrument-functions` does).
+//!
+//! # Design
+//!
+//! * **Definition** (`def.rs`): handlers are boxed closures; the contexts
+//!   they see carry the address, the return address, the attachment's
+//!   cookie, the engine's context and the per-call data.
+//! * **Registry** (`registry.rs`): an [`AddrIndex`](crate::AddrIndex) from
+//!   address to attachments `(slot, generation, cookie, probe)`, and a
+//!   fixed array of probe slots whose generation word tells live probes
+//!   from unregistered ones, even across slot reuse.
+//! * **Dispatch** (`dispatch.rs`): entry is one lookup and one pass over
+//!   the address's attachments; it pushes one frame on the thread's shadow
+//!   stack holding every exit handler's identity, cookie and per-call data
+//!   (`shadow.rs`). Exit pops the frame and never queries the index.
+//! * **Per-thread state** is found through the crate's `PerThread`: one
+//!   thread-local load and one compare, no walk over other registries; it
+//!   is freed with the registry, and the state of an exited thread is
+//!   adopted by the next thread given its index.
+//! * **Recursion guard per context** (`recursion.rs`): a probed call made
+//!   while a handler of the same context runs is refused and counted; a
+//!   signal handler that interrupted a handler is another context, and its
+//!   probes run.
+//! * **Counters** (`stats.rs`) are per thread and per slot, stored by their
+//!   thread only (one-instruction increments) and summed on read: no
+//!   shared-line write on the hit path, no racy increments.
+//!
+//! # Consistency
+//!
+//! * A probe's handlers run for every call entered after
+//!   [`register`](Registry::register) returned, at every address it was
+//!   attached to, and for no call entered after
+//!   [`unregister`](Registry::unregister) began.
+//! * An exit handler runs only for a call whose entry ran the same probe
+//!   (same registration) and kept a frame, with the data that entry wrote;
+//!   never for a probe unregistered in between, even if its slot was
+//!   reused.
+//! * When `unregister` returns no handler of the probe is running or will
+//!   run. It never waits for a thread parked between entry and exit (that
+//!   call's exit handler is skipped), so it cannot hang on one.
+//!
+//! # Execution context
+//!
+//! | operation | blocks? | allocates? | async-signal-safe? |
+//! |---|---|---|---|
+//! | [`on_entry`](Registry::on_entry), [`on_exit`](Registry::on_exit) | never | a thread's first dispatch through a registry only (its state; [`prepare_thread`](Registry::prepare_thread) does it ahead) | yes, once the thread's state exists |
+//! | [`register`](Registry::register) | briefly (registry mutex, index stripes) | yes | no |
+//! | [`unregister`](Registry::unregister) | yes: a grace period | no | no |
+//! | [`enable`](Registry::enable), [`disable`](Registry::disable), [`stats`](Registry::stats) | briefly (registry mutex) | no | no |
+//! | [`reset_pairing`](Registry::reset_pairing) | never | no | yes |
+//!
+//! **Signals.** A signal handler may dispatch at any instruction of
+//! another dispatch on the same thread, through the same registry or
+//! another: the shadow stack, the counters and the recursion guard are
+//! kept consistent by nested code restoring what it changed before it
+//! returns, with the word that publishes a change written last (the
+//! arguments are in `shadow.rs` and `recursion.rs`). The interrupted
+//! call's pairing and data are unaffected, and the signal handler's probes
+//! run unless a handler of its own context is running. A signal handler
+//! that does not return (`longjmp` out of it) abandons the frames it
+//! pushed: the engine must then call [`Registry::reset_pairing`].
+//!
+//! A handler that panics is caught at the dispatch boundary (unwinding into
+//! an engine's trampoline or C frames would be undefined behaviour), counted
+//! in [`ProbeStats::panics`], and dispatch goes on.
+//!
+//! # Examples
+//!
+//! ```
+//! use fprobe::probe::{EntryAction, Fprobe, Registry};
+//!
+//! let registry = Registry::<()>::builder().build().unwrap();
+//! let probe = Fprobe::builder()
+//!     .data_size(8)
+//!     .entry(|e| {
+//!         e.data.copy_from_slice(&e.ret_addr.to_ne_bytes());
+//!         EntryAction::Continue
+//!     })
+//!     .exit(|x| assert_eq!(x.data, x.ret_addr.to_ne_bytes()))
+//!     .build();
+//! let h = registry.register(probe, &[0x4011d0]).unwrap();
+//! registry.on_entry(0x4011d0, 0x400500, &());
+//! registry.on_exit(0x400500, &());
+//! assert_eq!(registry.stats(h).unwrap().exits, 1);
+//! ```
+
+mod def;
+mod dispatch;
+mod recursion;
+mod registry;
+mod shadow;
+mod stats;
+
+pub use def::{EntryAction, EntryContext, ExitContext, Fprobe, FprobeBuilder};
+pub use dispatch::ignore_current_thread;
+pub use registry::{MAX_DATA_SIZE, ProbeHandle, Registry, RegistryBuilder};
+pub use stats::{Missed, ProbeStats};

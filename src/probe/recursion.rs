@@ -1,0 +1,219 @@
+//! The recursion guard, per execution context (the kernel's
+//! `ftrace_test_recursion_trylock`, with signal-handler levels in place of
+//! its normal/softirq/irq/NMI bits).
+//!
+//! # What counts as recursion
+//!
+//! A probed call made while a handler of the *same context* runs on the
+//! thread: a handler calling a probed function, directly or not. It is
+//! refused and counted ([`Missed::recursion`](super::Missed::recursion)).
+//! A probed call made by a signal handler that interrupted a handler is
+//! another context: its probes run.
+//!
+//! # How a context is told apart
+//!
+//! The thread keeps a bit per context level that has a handler running
+//! (`busy`) and, per level, the signal mask it ran with. When no handler
+//! runs (`busy == 0`, the common case), a hit takes level 0 with no further
+//! work. When one does, the hit reads the thread's signal mask
+//! (`rt_sigprocmask`, one system call, async-signal-safe): a signal handler
+//! runs with its signal blocked, so a mask equal to that of the innermost
+//! running level means the same context (recursion), a different one means
+//! a signal handler interrupted it, and the hit takes the next level.
+//! Levels are bounded ([`MAX_LEVELS`]); a hit past the last is refused as
+//! recursion.
+//!
+//! What this cannot see, and what follows:
+//!
+//! * A signal handler installed with `SA_NODEFER` and an empty `sa_mask`
+//!   leaves the mask unchanged: its hits during a handler are refused as
+//!   recursion (never run twice in one context, never lost silently).
+//! * A signal handler that interrupted code running no handler takes level
+//!   0 with no system call, so it cannot know its own mask; recursion from
+//!   its handlers is refused one level later (the first recursive hit runs
+//!   as a new level; the next is refused).
+//! * Code that changes its signal mask inside a handler and then recurses
+//!   looks like a signal context: the same one extra level.
+//! * Level 0's mask is read once, when the thread first dispatches.
+//!
+//! Outside Linux the mask is not read: every hit during a handler is
+//! refused as recursion, as in a guard with one context.
+//!
+//! # Signal safety
+//!
+//! Every field is owner-only, and each change is undone by the code that
+//! made it before it returns (a level's bit is cleared and its saved mask
+//! restored on leaving): a signal handler that runs between any two
+//! instructions of [`enter`] or [`Level`]'s drop finds and leaves the state
+//! as the interrupted code will next read it.
+
+use std::cell::Cell;
+
+/// Context levels: normal code and up to three nested signal handlers (as
+/// the kernel's four contexts).
+pub(super) const MAX_LEVELS: usize = 4;
+
+/// A signal mask as the kernel's `rt_sigprocmask` reads it (64 signals).
+type Mask = u64;
+
+struct Guard {
+    /// Bit `l` set while a handler of level `l` runs.
+    busy: Cell<u32>,
+    /// The signal mask of each level; level 0's is read at the thread's
+    /// first dispatch (`mask0_read`).
+    masks: [Cell<Mask>; MAX_LEVELS],
+    mask0_read: Cell<bool>,
+    /// Set by [`ignore_current_thread`](super::ignore_current_thread).
+    ignore: Cell<bool>,
+}
+
+std::thread_local! {
+    // Const-initialised, no destructor: usable at every point of a
+    // thread's life, signal handlers included.
+    static GUARD: Guard = const {
+        Guard {
+            busy: Cell::new(0),
+            masks: [const { Cell::new(0) }; MAX_LEVELS],
+            mask0_read: Cell::new(false),
+            ignore: Cell::new(false),
+        }
+    };
+}
+
+/// The calling thread's signal mask, if it can be read.
+fn current_mask() -> Option<Mask> {
+    #[cfg(all(target_os = "linux", not(miri)))]
+    {
+        let mut set: Mask = 0;
+        // SAFETY: reads the mask into `set` (8 bytes, the kernel's sigset
+        // size on Linux); `how` is ignored with a null new set.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_BLOCK,
+                std::ptr::null::<Mask>(),
+                &mut set as *mut Mask,
+                std::mem::size_of::<Mask>(),
+            )
+        };
+        (rc == 0).then_some(set)
+    }
+    #[cfg(not(all(target_os = "linux", not(miri))))]
+    {
+        None
+    }
+}
+
+/// Reads level 0's mask once per thread: called on a thread's first
+/// dispatch through a registry (which allocates anyway).
+#[cold]
+pub(super) fn init_thread() {
+    GUARD.with(|g| {
+        if !g.mask0_read.get() {
+            g.masks[0].set(current_mask().unwrap_or(0));
+            g.mask0_read.set(true);
+        }
+    });
+}
+
+/// A context level whose handlers are running; leaving it on drop.
+pub(super) struct Level {
+    level: u32,
+    /// The level's mask before this entry, restored on drop.
+    saved: Mask,
+}
+
+/// Whether probes are skipped on this thread.
+#[inline(always)]
+pub(super) fn ignored() -> bool {
+    GUARD.with(|g| g.ignore.get())
+}
+
+pub(super) fn set_ignored(ignore: bool) {
+    GUARD.with(|g| g.ignore.set(ignore));
+}
+
+/// Enters a context level to run handlers in, or `None` when a handler of
+/// the caller's own context is running (recursion).
+#[inline(always)]
+pub(super) fn enter() -> Option<Level> {
+    GUARD.with(|g| {
+        let busy = g.busy.get();
+        if busy == 0 {
+            g.busy.set(1);
+            return Some(Level { level: 0, saved: 0 });
+        }
+        enter_nested(g, busy)
+    })
+}
+
+#[cold]
+fn enter_nested(g: &Guard, busy: u32) -> Option<Level> {
+    let top = 31 - busy.leading_zeros();
+    let cur = current_mask()?;
+    if cur == g.masks[top as usize].get() {
+        return None;
+    }
+    let level = top + 1;
+    if level as usize >= MAX_LEVELS {
+        return None;
+    }
+    let saved = g.masks[level as usize].replace(cur);
+    // Published last: a signal handler that ran between the two stores
+    // restored the mask it found, so the level's mask is ours.
+    g.busy.set(busy | 1 << level);
+    Some(Level { level, saved })
+}
+
+impl Drop for Level {
+    #[inline(always)]
+    fn drop(&mut self) {
+        // Rust-side thread-locals are torn down only after every dispatch
+        // on the thread returned; `GUARD` has no destructor anyway.
+        GUARD.with(|g| {
+            g.busy.set(g.busy.get() & !(1 << self.level));
+            if self.level != 0 {
+                g.masks[self.level as usize].set(self.saved);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_entry_in_the_same_context_is_refused() {
+        init_thread();
+        let outer = enter().expect("level 0");
+        assert_eq!(outer.level, 0);
+        assert!(enter().is_none(), "same mask: recursion");
+        drop(outer);
+        let again = enter().expect("free again");
+        assert_eq!(again.level, 0);
+    }
+
+    #[cfg(all(target_os = "linux", not(miri)))]
+    #[test]
+    fn a_different_signal_mask_is_a_new_level() {
+        init_thread();
+        let outer = enter().expect("level 0");
+        // Block a signal as a signal handler's entry would.
+        // SAFETY: plain sigset manipulation on locals; restored below.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGUSR2);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            let inner = enter().expect("new context");
+            assert_eq!(inner.level, 1);
+            assert!(enter().is_none(), "recursion inside the new context");
+            drop(inner);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        }
+        assert!(enter().is_none(), "back in level 0's context");
+        drop(outer);
+    }
+}

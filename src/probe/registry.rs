@@ -1,0 +1,579 @@
+//! The registry: probe slots and their generations, register and
+//! unregister, enable and disable, statistics.
+//!
+//! # Slots and generations
+//!
+//! Probes live in a fixed array of slots (`max_probes`). A slot's
+//! *generation* is odd while a probe is registered in it and changes on
+//! unregister; its *state* word is `generation << 1 | enabled`. Every
+//! attachment in the index and every return entry on a shadow stack
+//! carries the generation it was made under, so one load of the state
+//! tells dispatch whether the probe is live and enabled, and an old
+//! generation is recognised as dead even after the slot is reused (the
+//! kernel checks the probe pointer only, which address reuse defeats).
+
+use std::sync::Arc;
+
+use super::def::Fprobe;
+use super::recursion;
+use super::shadow::Local;
+use super::stats::{Counter, NCOUNTERS, ProbeStats, Sums};
+use crate::error::Error;
+use crate::index::AddrIndex;
+use crate::per_thread::PerThread;
+use crate::rcu;
+use crate::sync::unmodelled::{AtomicU64, Mutex};
+use crate::sync::{AtomicPtr, Ordering};
+
+/// Identifies a registered probe.
+///
+/// # Examples
+///
+/// ```
+/// use fprobe::probe::ProbeHandle;
+/// let h = ProbeHandle::from_bits(0x3_0002);
+/// assert_eq!(h.to_bits(), 0x3_0002);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ProbeHandle {
+    pub(super) slot: u32,
+    pub(super) generation: u64,
+}
+
+impl ProbeHandle {
+    /// The handle as one non-zero integer, for FFI: the slot in the low 16
+    /// bits, the generation above (a slot's generation would need 2^47
+    /// register/unregister cycles to overflow the 48 bits).
+    pub fn to_bits(self) -> u64 {
+        (self.generation << 16) | u64::from(self.slot)
+    }
+
+    /// A handle from [`to_bits`](Self::to_bits). Any integer is accepted:
+    /// one that names no registered probe makes the registry's calls return
+    /// [`Error::NotFound`].
+    pub fn from_bits(bits: u64) -> Self {
+        Self {
+            slot: (bits & 0xFFFF) as u32,
+            generation: bits >> 16,
+        }
+    }
+}
+
+/// One index value: a probe attached at one address.
+pub(super) struct Attach<C> {
+    pub(super) slot: u32,
+    /// Words of the probe's return entry on a shadow stack (its data words
+    /// plus 3); 0 when it has no exit handler.
+    pub(super) frame_words: u32,
+    pub(super) generation: u64,
+    pub(super) cookie: u64,
+    pub(super) probe: Arc<Fprobe<C>>,
+}
+
+impl<C> Clone for Attach<C> {
+    fn clone(&self) -> Self {
+        Self {
+            slot: self.slot,
+            frame_words: self.frame_words,
+            generation: self.generation,
+            cookie: self.cookie,
+            probe: self.probe.clone(),
+        }
+    }
+}
+
+/// `generation << 1 | enabled`.
+#[inline(always)]
+pub(super) fn state(generation: u64, enabled: bool) -> u64 {
+    generation << 1 | u64::from(enabled)
+}
+
+pub(super) struct Slot<C> {
+    /// `state(generation, enabled)`; the generation is odd while a probe is
+    /// registered here. Invariant: stored only under the registry mutex
+    /// (enable/disable: a compare-exchange that keeps the generation).
+    pub(super) state: AtomicU64,
+    /// The registered probe (`Arc::into_raw`), for exit dispatch without a
+    /// second index lookup. Set before the generation is published; taken
+    /// and dropped by `unregister` after its grace period.
+    pub(super) probe: AtomicPtr<Fprobe<C>>,
+}
+
+/// Registration bookkeeping, under the registry mutex.
+struct Book {
+    /// Per slot: the (address, entry id) pairs of the registered probe.
+    attached: Vec<Vec<(u64, crate::EntryId)>>,
+    free: Vec<u32>,
+    /// Per slot: the slot's counter sums when its current probe was
+    /// registered. Counters are per slot and never reset (each thread's are
+    /// stored by that thread only), so a probe's own counts are the sums
+    /// minus this.
+    base: Vec<Sums>,
+}
+
+/// A registry: owns the index and dispatches entry/exit events to probes.
+/// `C` is the context type the engine passes to handlers.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use fprobe::probe::{EntryAction, Fprobe, Registry};
+///
+/// let registry = Registry::<()>::builder().build().unwrap();
+/// let calls = Arc::new(AtomicU64::new(0));
+/// let c = calls.clone();
+/// let probe = Fprobe::builder()
+///     .entry(move |_| { c.fetch_add(1, Ordering::Relaxed); EntryAction::Continue })
+///     .build();
+/// let handle = registry.register(probe, &[0x1000, 0x2000]).unwrap();
+///
+/// // The engine's hook:
+/// registry.on_entry(0x1000, 0, &());
+/// registry.on_exit(0, &());
+/// assert_eq!(calls.load(Ordering::Relaxed), 1);
+///
+/// registry.unregister(handle).unwrap();
+/// registry.on_entry(0x1000, 0, &());
+/// registry.on_exit(0, &());
+/// assert_eq!(calls.load(Ordering::Relaxed), 1);
+/// ```
+pub struct Registry<C: 'static> {
+    pub(super) index: AddrIndex<Attach<C>>,
+    pub(super) slots: Box<[Slot<C>]>,
+    book: Mutex<Book>,
+    /// Each thread's shadow stack and counters, freed with the registry.
+    pub(super) locals: PerThread<Local>,
+    /// Words of each thread's shadow stack.
+    stack_words: usize,
+    /// Largest per-call data a probe may ask for, in bytes.
+    data_size: usize,
+    /// Bumped by [`reset_pairing`](Registry::reset_pairing).
+    pub(super) epoch: AtomicU64,
+}
+
+/// Builds a [`Registry`].
+///
+/// | setting | default |
+/// |---|---|
+/// | [`max_probes`](Self::max_probes) | 256 |
+/// | [`data_size`](Self::data_size) | 64 bytes |
+/// | [`max_depth`](Self::max_depth) | 64 |
+/// | [`capacity`](Self::capacity) | 0 addresses |
+/// | [`hit_cache`](Self::hit_cache) | none |
+/// | [`huge_pages`](Self::huge_pages) | on |
+///
+/// # Examples
+///
+/// ```
+/// let r = fprobe::probe::Registry::<()>::builder()
+///     .max_probes(16)
+///     .data_size(16)
+///     .max_depth(128)
+///     .capacity(50_000)
+///     .build()
+///     .unwrap();
+/// assert_eq!(r.addresses(), 0);
+/// ```
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct RegistryBuilder<C> {
+    max_probes: usize,
+    data_size: usize,
+    max_depth: usize,
+    capacity: usize,
+    hit_cache: Option<crate::HitCacheConfig>,
+    huge_pages: bool,
+    _ctx: std::marker::PhantomData<fn(&C)>,
+}
+
+/// Largest `data_size` a registry accepts, in bytes.
+pub const MAX_DATA_SIZE: usize = 4096;
+
+impl<C: Send + Sync + 'static> RegistryBuilder<C> {
+    /// Most probes registered at once (1..=65536).
+    pub fn max_probes(mut self, n: usize) -> Self {
+        self.max_probes = n;
+        self
+    }
+
+    /// Largest per-call data a probe may ask for, in bytes (at most
+    /// [`MAX_DATA_SIZE`]).
+    pub fn data_size(mut self, bytes: usize) -> Self {
+        self.data_size = bytes;
+        self
+    }
+
+    /// Nesting depth each thread's shadow stack holds: at least this many
+    /// nested calls, each with a return probe of the full `data_size`, and
+    /// three calls without one for each of those. Deeper calls still run
+    /// their entry handlers; their exit handlers are skipped and counted
+    /// ([`Missed::depth`](super::Missed::depth)). Each thread that
+    /// dispatches takes `max_depth × (ceil(data_size / 8) + 8)` words.
+    pub fn max_depth(mut self, depth: usize) -> Self {
+        self.max_depth = depth;
+        self
+    }
+
+    /// Addresses to presize the index for.
+    pub fn capacity(mut self, addresses: usize) -> Self {
+        self.capacity = addresses;
+        self
+    }
+
+    /// Puts the recent-hit cache in front of the registry's index (see
+    /// [`crate::cache`]).
+    pub fn hit_cache(mut self, config: crate::HitCacheConfig) -> Self {
+        self.hit_cache = Some(config);
+        self
+    }
+
+    /// Whether the address index puts tables of 8 MiB and more on
+    /// transparent huge pages (see
+    /// [`AddrIndexBuilder::huge_pages`](crate::AddrIndexBuilder::huge_pages)).
+    pub fn huge_pages(mut self, on: bool) -> Self {
+        self.huge_pages = on;
+        self
+    }
+
+    /// Builds the registry.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for `max_probes` outside 1..=65536, a
+    /// `data_size` over [`MAX_DATA_SIZE`], or an invalid index
+    /// configuration.
+    pub fn build(self) -> Result<Registry<C>, Error> {
+        if !(1..=65536).contains(&self.max_probes) {
+            return Err(Error::InvalidConfig("max_probes must be in 1..=65536"));
+        }
+        if self.data_size > MAX_DATA_SIZE {
+            return Err(Error::InvalidConfig("data_size must be at most 4096 bytes"));
+        }
+        let stack_words = self
+            .max_depth
+            .checked_mul(self.data_size.div_ceil(8) + 8)
+            .filter(|&w| w <= 1 << 24)
+            .ok_or(Error::InvalidConfig(
+                "max_depth × data_size makes a shadow stack over 128 MiB",
+            ))?;
+        let index = AddrIndex::builder()
+            .capacity(self.capacity)
+            .huge_pages(self.huge_pages);
+        let index = match self.hit_cache {
+            Some(c) => index.hit_cache(c),
+            None => index,
+        }
+        .build()?;
+        Ok(Registry {
+            index,
+            slots: (0..self.max_probes)
+                .map(|_| Slot {
+                    state: AtomicU64::new(0),
+                    probe: AtomicPtr::new(std::ptr::null_mut()),
+                })
+                .collect(),
+            book: Mutex::new(Book {
+                attached: vec![Vec::new(); self.max_probes],
+                free: (0..self.max_probes as u32).rev().collect(),
+                base: vec![[0; NCOUNTERS]; self.max_probes],
+            }),
+            locals: PerThread::new(),
+            stack_words,
+            data_size: self.data_size,
+            epoch: AtomicU64::new(0),
+        })
+    }
+}
+
+impl<C: Send + Sync + 'static> Registry<C> {
+    /// A builder with the defaults.
+    pub fn builder() -> RegistryBuilder<C> {
+        RegistryBuilder {
+            max_probes: 256,
+            data_size: 64,
+            max_depth: 64,
+            capacity: 0,
+            hit_cache: None,
+            huge_pages: true,
+            _ctx: std::marker::PhantomData,
+        }
+    }
+
+    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The counters of `slot`, summed over threads.
+    fn sum(&self, slot: u32) -> Sums {
+        let mut s = [0; NCOUNTERS];
+        for local in self.locals.iter() {
+            local.counters.add_to(slot, &mut s);
+        }
+        s
+    }
+
+    /// Attaches `probe` to every address in `addrs` (cookie 0), all or
+    /// nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CapacityExceeded`] when `max_probes` probes are registered
+    /// (reported with `max_addresses` = `max_probes`), or the index refuses
+    /// the addresses; [`Error::InvalidConfig`] when the probe's `data_size`
+    /// exceeds the registry's. Nothing stays registered on error.
+    pub fn register(&self, probe: Fprobe<C>, addrs: &[u64]) -> Result<ProbeHandle, Error> {
+        self.register_with_cookies(probe, addrs.iter().map(|&a| (a, 0)))
+    }
+
+    /// Attaches `probe` to each `(address, cookie)`, all or nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`register`](Self::register).
+    pub fn register_with_cookies(
+        &self,
+        probe: Fprobe<C>,
+        attach: impl IntoIterator<Item = (u64, u64)>,
+    ) -> Result<ProbeHandle, Error> {
+        if probe.data_size > self.data_size {
+            return Err(Error::InvalidConfig(
+                "probe data_size exceeds the registry's data_size",
+            ));
+        }
+        let frame_words = if probe.exit.is_some() {
+            probe.data_size.div_ceil(8) as u32 + 3
+        } else {
+            0
+        };
+        let probe = Arc::new(probe);
+        let mut book = self.book();
+        let slot = book.free.pop().ok_or(Error::CapacityExceeded {
+            max_addresses: self.slots.len(),
+        })?;
+        // No thread counts for a free slot (the previous probe's
+        // `unregister` waited for every dispatch that could), so the sums
+        // are stable until the state store below publishes the slot.
+        book.base[slot as usize] = self.sum(slot);
+        let s = &self.slots[slot as usize];
+        let generation = ((s.state.load(Ordering::Relaxed) >> 1) | 1) + 2;
+        // Relaxed: published by the Release state store below.
+        s.probe
+            .store(Arc::into_raw(probe.clone()).cast_mut(), Ordering::Relaxed);
+        // Release: pairs with the Acquire state loads of dispatch; a thread
+        // that sees this generation sees the probe pointer.
+        s.state.store(state(generation, true), Ordering::Release);
+        let items: Vec<(u64, Attach<C>)> = attach
+            .into_iter()
+            .map(|(addr, cookie)| {
+                (
+                    addr,
+                    Attach {
+                        slot,
+                        frame_words,
+                        generation,
+                        cookie,
+                        probe: probe.clone(),
+                    },
+                )
+            })
+            .collect();
+        let addrs: Vec<u64> = items.iter().map(|(a, _)| *a).collect();
+        match self.index.insert_many(items) {
+            Ok(ids) => {
+                book.attached[slot as usize] = addrs.into_iter().zip(ids).collect();
+                Ok(ProbeHandle { slot, generation })
+            }
+            Err(e) => {
+                // Release: as in `unregister`.
+                s.state
+                    .store(state(generation + 1, false), Ordering::Release);
+                let p = s.probe.swap(std::ptr::null_mut(), Ordering::Relaxed);
+                // The batch is undone, but its entries may have been in the
+                // index for a while (a bulk insert that failed midway), and
+                // inside a read-side section it returns without a grace
+                // period: a dispatcher that saw this generation may still
+                // hold `p`. Dropped after a grace period, then.
+                // SAFETY: `p` came from `Arc::into_raw`; the swap took it
+                // out of the slot, so it is released once; the box is ours
+                // and `Arc<Fprobe<C>>` may be dropped on another thread.
+                unsafe { rcu::retire_box_raw(Box::into_raw(Box::new(Arc::from_raw(p)))) };
+                book.free.push(slot);
+                Err(e.error)
+            }
+        }
+    }
+
+    fn live_slot(&self, h: ProbeHandle) -> Result<&Slot<C>, Error> {
+        let s = self.slots.get(h.slot as usize).ok_or(Error::NotFound)?;
+        // Relaxed: only the generation is compared; the probe is not read.
+        if s.state.load(Ordering::Relaxed) >> 1 != h.generation || h.generation & 1 == 0 {
+            return Err(Error::NotFound);
+        }
+        Ok(s)
+    }
+
+    /// Detaches the probe everywhere. When it returns, no handler of the
+    /// probe is running or will run; calls in flight between entry and
+    /// exit skip its exit handler. It never waits for such a call, so a
+    /// thread parked inside a probed function cannot hang it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] for a handle already unregistered (or of another
+    /// registry); nothing changes.
+    ///
+    /// # Panics
+    ///
+    /// Inside an RCU read-side section (or a handler) of the calling thread.
+    pub fn unregister(&self, h: ProbeHandle) -> Result<(), Error> {
+        assert!(
+            !rcu::in_read_section(),
+            "Registry::unregister called inside an RCU read-side section or a handler"
+        );
+        let attached = {
+            let mut book = self.book();
+            let s = self.live_slot(h)?;
+            // (1) Dead from now on for every new hit and every return.
+            // Release: the slot's later reuse is ordered after it for
+            // dispatchers that Acquire the new generation.
+            s.state
+                .store(state(h.generation + 1, false), Ordering::Release);
+            std::mem::take(&mut book.attached[h.slot as usize])
+        };
+        // (2) Out of the index.
+        for (addr, id) in attached {
+            let _ = self.index.remove(addr, id);
+        }
+        // (3) Handlers already running finish: every dispatch that could
+        // have seen the old generation is inside a read section.
+        rcu::synchronize();
+        let s = &self.slots[h.slot as usize];
+        // Relaxed: the grace period above orders every reader before us.
+        let p = s.probe.swap(std::ptr::null_mut(), Ordering::Relaxed);
+        if !p.is_null() {
+            // SAFETY: the generation changed before the grace period above:
+            // a dispatcher that could still load `p` was inside a read
+            // section the grace period waited for. `p` came from
+            // `Arc::into_raw`.
+            drop(unsafe { Arc::from_raw(p) });
+        }
+        self.book().free.push(h.slot);
+        Ok(())
+    }
+
+    /// Sets the enabled bit of a live probe's state.
+    fn set_enabled(&self, h: ProbeHandle, on: bool) -> Result<(), Error> {
+        let _book = self.book();
+        let s = self.live_slot(h)?;
+        // Relaxed: the bit is a flag that publishes nothing; state stores
+        // are serialised by the mutex held here.
+        s.state.store(state(h.generation, on), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Resumes a disabled probe.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] for an unregistered handle.
+    pub fn enable(&self, h: ProbeHandle) -> Result<(), Error> {
+        self.set_enabled(h, true)
+    }
+
+    /// Stops running the probe's handlers (hits count as
+    /// [`Missed::disabled`](super::Missed::disabled)) without detaching
+    /// it. Exit handlers of calls entered while it was enabled still run.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] for an unregistered handle.
+    pub fn disable(&self, h: ProbeHandle) -> Result<(), Error> {
+        self.set_enabled(h, false)
+    }
+
+    /// The probe's counters, summed over threads.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] for an unregistered handle.
+    pub fn stats(&self, h: ProbeHandle) -> Result<ProbeStats, Error> {
+        let book = self.book();
+        self.live_slot(h)?;
+        let now = self.sum(h.slot);
+        Ok(ProbeStats::from_sums(&now, &book.base[h.slot as usize]))
+    }
+
+    /// Number of addresses with at least one probe.
+    pub fn addresses(&self) -> usize {
+        self.index.len_addrs()
+    }
+
+    /// Forgets every call in flight on every thread: each thread empties
+    /// its shadow stack at its next dispatch, so the exits of calls
+    /// entered before now run no handler. For engines that stop
+    /// dispatching and start again (a detach, then an attach), whose
+    /// threads would otherwise pair exits with the entries of calls that
+    /// returned while nothing dispatched.
+    ///
+    /// The reset is seen by every dispatch that happens after this call
+    /// returns (through the synchronisation that makes the engine start
+    /// dispatching again, such as publishing the registry to its hooks).
+    pub fn reset_pairing(&self) {
+        // Relaxed: ordered before the dispatches that must see it by the
+        // caller's own publication (see above).
+        self.epoch.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Creates the calling thread's dispatch state now, so that its
+    /// dispatches (signal handlers' included) never allocate. Optional:
+    /// the first dispatch on a thread does it otherwise.
+    pub fn prepare_thread(&self) {
+        rcu::register_thread();
+        let _ = self.local();
+    }
+
+    /// This thread's state, created on first use; `None` while the
+    /// thread's thread-locals are being destroyed.
+    #[inline(always)]
+    pub(super) fn local(&self) -> Option<&Local> {
+        match self.locals.get() {
+            Some(l) => Some(l),
+            None => self.local_slow(),
+        }
+    }
+
+    #[cold]
+    fn local_slow(&self) -> Option<&Local> {
+        recursion::init_thread();
+        // Relaxed: a fresh stack has nothing to forget; any epoch will do.
+        let epoch = self.epoch.load(Ordering::Relaxed);
+        self.locals.get_or(
+            || Local::new(self.stack_words, self.slots.len(), epoch),
+            Local::adopt,
+        )
+    }
+
+    /// Counts `which` for every probe attached in `attached`.
+    #[inline]
+    pub(super) fn bump_all(&self, local: &Local, attached: &[Attach<C>], which: Counter) {
+        for a in attached {
+            local.counters.bump(a.slot, which);
+        }
+    }
+}
+
+impl<C: 'static> Drop for Registry<C> {
+    fn drop(&mut self) {
+        for s in self.slots.iter() {
+            let p = s.probe.swap(std::ptr::null_mut(), Ordering::Relaxed);
+            if !p.is_null() {
+                // SAFETY: `&mut self`: no dispatch runs; `p` came from
+                // `Arc::into_raw` and is dropped once.
+                drop(unsafe { Arc::from_raw(p) });
+            }
+        }
+        // The threads' states go with `locals`.
+    }
+}

@@ -1,0 +1,229 @@
+//! One thread's dispatch state for one registry: its shadow stack of call
+//! frames (the kernel's fgraph return stack) and its counters.
+//!
+//! # Frame layout
+//!
+//! The stack is an array of 64-bit words; `top` counts the words in use.
+//! Every `on_entry` pushes one frame and the matching `on_exit` pops it:
+//!
+//! * a call that keeps nothing for its exit pushes a one-word **marker**,
+//!   `[0]`;
+//! * a call with `n ≥ 1` exit handlers to run pushes, from low to high
+//!   addresses, `n` **return entries** and then `[addr, n]`. A return entry
+//!   is `[data…, cookie, generation, meta]`: the probe's per-call data
+//!   (`dw` words), the cookie of its attachment, the generation of its
+//!   slot at entry, and `meta = slot | dw << 32`. The top word tells the
+//!   exit what to read, newest entry first, and where the frame starts.
+//!
+//! Calls whose frame does not fit are counted in `overflow` instead (the
+//! innermost calls, so their exits come first and pop the count).
+//!
+//! # Signal safety
+//!
+//! A signal handler may dispatch between any two instructions of a push
+//! or a pop. Its own pushes and pops are balanced, so the invariant that
+//! makes this safe is:
+//!
+//! **`top` covers every word in use.** A push raises `top` over the words
+//! it is about to write *before* writing them (reserving the most its
+//! frame can take, then lowering `top` to what it used); a pop lowers
+//! `top` only *after* its last read of the frame, exit handlers included.
+//! A nested dispatch therefore only writes above `top`, never into a
+//! frame being built or read, and leaves `top` and `overflow` as it found
+//! them. Each store of `top` is separated from the frame accesses it
+//! orders by a compiler fence (a signal handler runs on the same thread:
+//! program order is all it needs, no hardware fence).
+//!
+//! The counters take one-instruction increments ([`Counters::bump`]), so
+//! a nested increment is never lost either.
+
+use std::cell::Cell;
+use std::ptr::NonNull;
+
+use super::stats::Counters;
+use crate::sync::{Ordering, compiler_fence};
+
+/// One thread's state for one registry.
+pub(super) struct Local {
+    /// Words of `stack` in use. Owner-only.
+    top: Cell<usize>,
+    /// Calls whose frame did not fit, popped before any frame. Owner-only.
+    overflow: Cell<usize>,
+    /// Dispatches of this registry running on this thread (more than one
+    /// only when a handler or a signal handler dispatched inside one).
+    /// Owner-only.
+    active: Cell<u32>,
+    /// The registry's pairing epoch this stack belongs to. Owner-only.
+    epoch: Cell<u64>,
+    /// `cap` words from `Box<[u64]>::into_raw`. Owner-only.
+    stack: NonNull<u64>,
+    cap: usize,
+    /// Shared: loaded by `Registry::stats` on any thread.
+    pub(super) counters: Counters,
+}
+
+// SAFETY: every field but `counters` is used by the owning thread only
+// (the `PerThread` invariant: one owner at a time, handed over under the
+// index allocator's mutex); `counters` are atomics stored by the owner
+// only and loaded by anyone.
+unsafe impl Sync for Local {}
+// SAFETY: the stack is a plain heap allocation owned by `Local`.
+unsafe impl Send for Local {}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        // SAFETY: from `Box<[u64]>::into_raw` with `cap` words, freed once.
+        drop(unsafe {
+            Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                self.stack.as_ptr(),
+                self.cap,
+            ))
+        });
+    }
+}
+
+impl Local {
+    pub(super) fn new(words: usize, slots: usize, epoch: u64) -> Self {
+        let stack: Box<[u64]> = vec![0; words.max(1)].into_boxed_slice();
+        let cap = stack.len();
+        Self {
+            top: Cell::new(0),
+            overflow: Cell::new(0),
+            active: Cell::new(0),
+            epoch: Cell::new(epoch),
+            // SAFETY: a boxed slice's pointer is non-null.
+            stack: unsafe { NonNull::new_unchecked(Box::into_raw(stack).cast::<u64>()) },
+            cap,
+            counters: Counters::new(slots),
+        }
+    }
+
+    /// Taken over from an exited thread: its frames are meaningless here.
+    pub(super) fn adopt(&self) {
+        self.top.set(0);
+        self.overflow.set(0);
+        self.active.set(0);
+    }
+
+    /// Starts a dispatch. A stack of an older pairing epoch is emptied
+    /// first, unless another dispatch of this registry is running on the
+    /// thread (its frame is being built or read: the next outermost
+    /// dispatch empties it).
+    #[inline(always)]
+    pub(super) fn begin(&self, epoch: u64) {
+        let active = self.active.get();
+        self.active.set(active + 1);
+        if self.epoch.get() != epoch && active == 0 {
+            self.top.set(0);
+            self.overflow.set(0);
+            self.epoch.set(epoch);
+        }
+    }
+
+    /// Ends a dispatch started by [`begin`](Self::begin).
+    #[inline(always)]
+    pub(super) fn end(&self) {
+        self.active.set(self.active.get() - 1);
+    }
+
+    /// Reserves `words` above `top` if they fit; returns the frame's base.
+    #[inline(always)]
+    pub(super) fn reserve(&self, words: usize) -> Option<usize> {
+        let base = self.top.get();
+        if words > self.cap - base {
+            return None;
+        }
+        self.top.set(base + words);
+        // The reservation is in memory before any write into it.
+        compiler_fence(Ordering::SeqCst);
+        Some(base)
+    }
+
+    /// Ends a frame reserved at `base`: `top` becomes `base + words`
+    /// (`words` at most the reservation, all written).
+    #[inline(always)]
+    pub(super) fn commit(&self, base: usize, words: usize) {
+        compiler_fence(Ordering::SeqCst);
+        self.top.set(base + words);
+    }
+
+    /// Pushes a marker frame, or counts an overflow.
+    #[inline(always)]
+    pub(super) fn push_marker(&self) {
+        match self.reserve(1) {
+            Some(base) => self.write(base, 0),
+            None => self.overflow.set(self.overflow.get() + 1),
+        }
+    }
+
+    /// Word `i` (below `top`).
+    #[inline(always)]
+    pub(super) fn read(&self, i: usize) -> u64 {
+        debug_assert!(i < self.cap);
+        // SAFETY: `i < cap`; owner-only memory, no reference to it lives.
+        unsafe { self.stack.as_ptr().add(i).read() }
+    }
+
+    /// Writes word `i` (reserved by the caller).
+    #[inline(always)]
+    pub(super) fn write(&self, i: usize, v: u64) {
+        debug_assert!(i < self.cap);
+        // SAFETY: as in `read`.
+        unsafe { self.stack.as_ptr().add(i).write(v) }
+    }
+
+    /// `len` bytes from word `i` as per-call data, for an entry handler.
+    ///
+    /// # Safety
+    ///
+    /// Words `i .. i + ceil(len / 8)` are reserved by the caller's frame
+    /// and nothing else references them while the slice lives.
+    #[inline(always)]
+    pub(super) unsafe fn data_mut<'a>(&self, i: usize, len: usize) -> &'a mut [u8] {
+        debug_assert!(i * 8 + len <= self.cap * 8);
+        // SAFETY: in bounds and unaliased, by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.stack.as_ptr().add(i).cast::<u8>(), len) }
+    }
+
+    /// As [`data_mut`](Self::data_mut), shared, for an exit handler.
+    ///
+    /// # Safety
+    ///
+    /// As [`data_mut`](Self::data_mut).
+    #[inline(always)]
+    pub(super) unsafe fn data<'a>(&self, i: usize, len: usize) -> &'a [u8] {
+        // SAFETY: as in `data_mut`.
+        unsafe { self.data_mut(i, len) }
+    }
+
+    /// Pops an exit: `Some(top)` when the top frame is a full frame (the
+    /// caller reads it, then [`release`](Self::release)s it), `None` when
+    /// there was nothing to run (an overflow, a marker, or an empty stack:
+    /// an exit with no matching entry).
+    #[inline(always)]
+    pub(super) fn pop(&self) -> Option<usize> {
+        let overflow = self.overflow.get();
+        if overflow > 0 {
+            self.overflow.set(overflow - 1);
+            return None;
+        }
+        let t = self.top.get();
+        if t == 0 {
+            return None;
+        }
+        if self.read(t - 1) == 0 {
+            compiler_fence(Ordering::SeqCst);
+            self.top.set(t - 1);
+            return None;
+        }
+        Some(t)
+    }
+
+    /// Releases the frame from `base` up: `top` becomes `base`, after
+    /// every read of the frame.
+    #[inline(always)]
+    pub(super) fn release(&self, base: usize) {
+        compiler_fence(Ordering::SeqCst);
+        self.top.set(base);
+    }
+}

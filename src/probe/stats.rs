@@ -1,0 +1,129 @@
+//! Counters: hits, exits and misses by cause, per thread and per probe
+//! slot, stored by their thread only and summed on read.
+
+use crate::sync::Ordering;
+use crate::sync::unmodelled::AtomicU64;
+
+/// Misses by cause (the kernel's `nmissed`, split).
+///
+/// # Examples
+///
+/// ```
+/// let m = fprobe::probe::Missed::default();
+/// assert_eq!(m.recursion + m.depth + m.disabled, 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Missed {
+    /// Hits refused as recursion: a handler of the same execution context
+    /// (normal code, or one signal-handler level) was already running on
+    /// the thread.
+    pub recursion: u64,
+    /// Exit handlers skipped: the thread's shadow stack was full.
+    pub depth: u64,
+    /// Hits while the probe was disabled.
+    pub disabled: u64,
+}
+
+/// Counters of one probe, summed over threads.
+///
+/// # Examples
+///
+/// ```
+/// let s = fprobe::probe::ProbeStats::default();
+/// assert_eq!((s.hits, s.exits, s.panics), (0, 0, 0));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProbeStats {
+    /// Entry hits that ran the probe.
+    pub hits: u64,
+    /// Exit handlers run.
+    pub exits: u64,
+    /// Misses by cause.
+    pub missed: Missed,
+    /// Handler calls that panicked (caught).
+    pub panics: u64,
+}
+
+/// Which counter of a probe slot.
+#[derive(Clone, Copy)]
+pub(super) enum Counter {
+    Hits,
+    Exits,
+    Recursion,
+    Depth,
+    Disabled,
+    Panics,
+}
+
+/// Counters per probe slot.
+pub(super) const NCOUNTERS: usize = 6;
+
+/// A sum of one slot's counters.
+pub(super) type Sums = [u64; NCOUNTERS];
+
+impl ProbeStats {
+    /// The stats of `now - base`.
+    pub(super) fn from_sums(now: &Sums, base: &Sums) -> Self {
+        let c = |k: Counter| now[k as usize] - base[k as usize];
+        Self {
+            hits: c(Counter::Hits),
+            exits: c(Counter::Exits),
+            missed: Missed {
+                recursion: c(Counter::Recursion),
+                depth: c(Counter::Depth),
+                disabled: c(Counter::Disabled),
+            },
+            panics: c(Counter::Panics),
+        }
+    }
+}
+
+/// One thread's counters for every slot of a registry.
+///
+/// Invariant: stored only by the owning thread; any thread may load them.
+pub(super) struct Counters(Box<[AtomicU64]>);
+
+impl Counters {
+    pub(super) fn new(slots: usize) -> Self {
+        Self((0..slots * NCOUNTERS).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    /// Adds one to a counter of `slot`: owner only.
+    ///
+    /// A signal handler that interrupts the increment and increments the
+    /// same counter must not have its count overwritten, so on x86-64 the
+    /// increment is one instruction (`add` to memory, no `lock`: a signal
+    /// arrives between instructions, and only this thread stores the
+    /// counter, so no other core's store can interleave). Elsewhere it is
+    /// an atomic `fetch_add`.
+    #[inline(always)]
+    pub(super) fn bump(&self, slot: u32, which: Counter) {
+        let c = &self.0[slot as usize * NCOUNTERS + which as usize];
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        // SAFETY: `c` is a valid, aligned `u64` owned by this allocation;
+        // the instruction reads and writes those 8 bytes only. Other
+        // threads only load it (aligned 8-byte accesses are single-copy
+        // atomic on x86-64), and only this thread stores it (invariant of
+        // `Counters`).
+        unsafe {
+            std::arch::asm!(
+                "add qword ptr [{0}], 1",
+                in(reg) c.as_ptr(),
+                options(nostack)
+            );
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds this thread's counters of `slot` to `sums`.
+    pub(super) fn add_to(&self, slot: u32, sums: &mut Sums) {
+        let base = slot as usize * NCOUNTERS;
+        for (i, s) in sums.iter_mut().enumerate() {
+            // Relaxed: a statistic; no other memory is published with it.
+            *s += self.0[base + i].load(Ordering::Relaxed);
+        }
+    }
+}
