@@ -69,10 +69,11 @@ static INDICES: Mutex<Indices> = Mutex::new(Indices {
 static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 
 std::thread_local! {
-    /// This thread's (index, generation); `NONE` until the first `get_or`,
-    /// `EXITED` once its index went back (const-initialised, no destructor:
-    /// readable at every point of the thread's life, signal handlers too).
-    static ID: Cell<(usize, u64)> = const { Cell::new((0, NONE)) };
+    /// This thread's index, as its (bucket, offset), and generation;
+    /// `NONE` until the first `get_or`, `EXITED` once its index went back
+    /// (const-initialised, no destructor: readable at every point of the
+    /// thread's life, signal handlers too).
+    static ID: Cell<(usize, usize, u64)> = const { Cell::new((0, 0, NONE)) };
     /// Gives the index back when the thread exits.
     static RELEASE: Release = const { Release };
 }
@@ -81,10 +82,12 @@ struct Release;
 
 impl Drop for Release {
     fn drop(&mut self) {
-        let (index, generation) = ID.get();
-        ID.set((0, EXITED));
+        let (bucket, offset, generation) = ID.get();
+        ID.set((0, 0, EXITED));
         if generation != NONE && generation != EXITED {
-            lock(&INDICES).free.push(Reverse(index));
+            lock(&INDICES)
+                .free
+                .push(Reverse((1 << bucket) + offset - 1));
         }
     }
 }
@@ -93,16 +96,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// This thread's (index, generation), allocating them on first use; `None`
-/// while its thread-locals are being destroyed.
+/// This thread's (bucket, offset, generation), allocating them on first
+/// use; `None` while its thread-locals are being destroyed.
 #[cold]
-fn register_thread() -> Option<(usize, u64)> {
-    let (index, generation) = ID.get();
-    if generation == EXITED {
+fn register_thread() -> Option<(usize, usize, u64)> {
+    let id = ID.get();
+    if id.2 == EXITED {
         return None;
     }
-    if generation != NONE {
-        return Some((index, generation));
+    if id.2 != NONE {
+        return Some(id);
     }
     // Touch the release guard first: if it is already destroyed the index
     // could never be given back.
@@ -118,8 +121,9 @@ fn register_thread() -> Option<(usize, u64)> {
         }
     };
     let generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
-    ID.set((index, generation));
-    Some((index, generation))
+    let (bucket, offset) = locate(index);
+    ID.set((bucket, offset, generation));
+    Some((bucket, offset, generation))
 }
 
 /// Bucket and offset of thread index `index`.
@@ -158,10 +162,9 @@ impl<T> PerThread<T> {
         }
     }
 
-    /// The entry of thread index `index`, if its bucket exists.
+    /// The entry at `offset` of `bucket`, if the bucket exists.
     #[inline(always)]
-    fn entry(&self, index: usize) -> Option<&Entry<T>> {
-        let (bucket, offset) = locate(index);
+    fn entry(&self, bucket: usize, offset: usize) -> Option<&Entry<T>> {
         // Acquire: pairs with the Release bucket publication in `get_or`;
         // the entries are initialised.
         let p = self.buckets[bucket].load(Ordering::Acquire);
@@ -169,15 +172,16 @@ impl<T> PerThread<T> {
             return None;
         }
         // SAFETY: a published bucket holds `2^bucket` entries and lives as
-        // long as `self`; `offset < 2^bucket` by `locate`.
+        // long as `self`; `offset < 2^bucket` (`ID` holds what `locate`
+        // computed).
         Some(unsafe { &*p.add(offset) })
     }
 
     /// The calling thread's value, if it has one. Async-signal-safe.
     #[inline(always)]
     pub(crate) fn get(&self) -> Option<&T> {
-        let (index, generation) = ID.get();
-        let e = self.entry(index)?;
+        let (bucket, offset, generation) = ID.get();
+        let e = self.entry(bucket, offset)?;
         // Relaxed: only this thread stores its own generation; a match means
         // this thread initialised or adopted the value itself.
         if e.owner.load(Ordering::Relaxed) != generation || generation == NONE {
@@ -197,8 +201,7 @@ impl<T> PerThread<T> {
         if let Some(v) = self.get() {
             return Some(v);
         }
-        let (index, generation) = register_thread()?;
-        let (bucket, offset) = locate(index);
+        let (bucket, offset, generation) = register_thread()?;
         let slot = &self.buckets[bucket];
         // Acquire: as in `entry`.
         let mut p = slot.load(Ordering::Acquire);

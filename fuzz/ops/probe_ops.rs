@@ -388,6 +388,9 @@ impl Model {
         }
         let Some(frame) = t.frames.pop() else { return };
         t.top -= frame.words;
+        if t.ignored {
+            return; // an ignored thread runs no handler, exits included
+        }
         for inst in frame.insts.into_iter().rev() {
             let mp = &self.probes[inst.probe];
             if !mp.alive {

@@ -13,7 +13,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::def::{EntryAction, EntryContext, ExitContext};
-use super::recursion;
+use super::recursion::{self, Entered};
 use super::registry::{Attach, Registry, state};
 use super::shadow::Local;
 use super::stats::Counter;
@@ -42,14 +42,20 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // Relaxed: see `reset_pairing`.
         local.begin(self.epoch.load(Ordering::Relaxed));
         let attached = self.index.get(addr, guard);
-        if attached.is_empty() || recursion::ignored() {
+        if attached.is_empty() {
             local.push_marker();
-        } else if let Some(level) = recursion::enter() {
-            self.entry_frame(local, attached, addr, ret_addr, ctx);
-            drop(level);
         } else {
-            self.bump_all(local, attached, Counter::Recursion);
-            local.push_marker();
+            match recursion::enter() {
+                Entered::Run(level) => {
+                    self.entry_frame(local, attached, addr, ret_addr, ctx);
+                    drop(level);
+                }
+                Entered::Recursion => {
+                    self.bump_all(local, attached, Counter::Recursion);
+                    local.push_marker();
+                }
+                Entered::Ignored => local.push_marker(),
+            }
         }
         local.end();
     }
@@ -186,7 +192,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let n = local.read(top - 1);
         let addr = local.read(top - 2);
         let mut p = top - HEADER;
-        let level = recursion::enter();
+        let entered = recursion::enter();
         for _ in 0..n {
             let meta = local.read(p - 1);
             let generation = local.read(p - 2);
@@ -197,9 +203,14 @@ impl<C: Send + Sync + 'static> Registry<C> {
             let Some(slot) = self.slots.get(slot_idx as usize) else {
                 continue;
             };
-            if level.is_none() {
-                local.counters.bump(slot_idx, Counter::Recursion);
-                continue;
+            match entered {
+                Entered::Run(_) => {}
+                Entered::Recursion => {
+                    local.counters.bump(slot_idx, Counter::Recursion);
+                    continue;
+                }
+                // Ignored since the entry: the call's exits are skipped.
+                Entered::Ignored => continue,
             }
             // Acquire: pairs with the Release state store of
             // `register_with_cookies`; the probe pointer is visible.
@@ -231,14 +242,15 @@ impl<C: Send + Sync + 'static> Registry<C> {
             };
             local.counters.bump(slot_idx, which);
         }
-        drop(level);
+        drop(entered);
         p
     }
 }
 
 /// Makes every registry skip probes on the calling thread (`true`) or not
-/// (`false`): for an engine's own threads. Frames are still kept, so
-/// entry/exit pairing survives toggling mid-call.
+/// (`false`): for an engine's own threads. While ignored, the thread runs
+/// no handler, entry or exit, and counts nothing; frames are still kept,
+/// so entry/exit pairing survives toggling mid-call.
 ///
 /// # Examples
 ///

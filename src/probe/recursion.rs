@@ -42,10 +42,11 @@
 //! # Signal safety
 //!
 //! Every field is owner-only, and each change is undone by the code that
-//! made it before it returns (a level's bit is cleared and its saved mask
-//! restored on leaving): a signal handler that runs between any two
-//! instructions of [`enter`] or [`Level`]'s drop finds and leaves the state
-//! as the interrupted code will next read it.
+//! made it before it returns (a level's bit is cleared on leaving): a
+//! signal handler that runs between any two instructions of [`enter`] or
+//! [`Level`]'s drop finds and leaves `busy` as the interrupted code will
+//! next read it. A level's mask is meaningful only while its bit is set;
+//! `enter_nested` says how it stays right.
 
 use std::cell::Cell;
 
@@ -57,14 +58,13 @@ pub(super) const MAX_LEVELS: usize = 4;
 type Mask = u64;
 
 struct Guard {
-    /// Bit `l` set while a handler of level `l` runs.
+    /// Bit `l` set while a handler of level `l` runs; [`IGNORE`] while the
+    /// thread is ignored.
     busy: Cell<u32>,
     /// The signal mask of each level; level 0's is read at the thread's
     /// first dispatch (`mask0_read`).
     masks: [Cell<Mask>; MAX_LEVELS],
     mask0_read: Cell<bool>,
-    /// Set by [`ignore_current_thread`](super::ignore_current_thread).
-    ignore: Cell<bool>,
 }
 
 std::thread_local! {
@@ -75,7 +75,6 @@ std::thread_local! {
             busy: Cell::new(0),
             masks: [const { Cell::new(0) }; MAX_LEVELS],
             mask0_read: Cell::new(false),
-            ignore: Cell::new(false),
         }
     };
 }
@@ -116,66 +115,89 @@ pub(super) fn init_thread() {
     });
 }
 
-/// A context level whose handlers are running; leaving it on drop.
-pub(super) struct Level {
-    level: u32,
-    /// The level's mask before this entry, restored on drop.
-    saved: Mask,
+/// This thread's guard. `GUARD` is const-initialised and has no
+/// destructor: it lives as long as the thread, and every reference handed
+/// out here is used by dispatch on the same thread only.
+#[inline(always)]
+fn guard() -> &'static Guard {
+    // SAFETY: as above: the pointer is valid for the thread's life, and
+    // `Guard` is `!Sync` (its cells), so the reference cannot leave it.
+    GUARD.with(|g| unsafe { &*(g as *const Guard) })
 }
 
-/// Whether probes are skipped on this thread.
-#[inline(always)]
-pub(super) fn ignored() -> bool {
-    GUARD.with(|g| g.ignore.get())
+/// A context level whose handlers are running; leaves it on drop.
+pub(super) struct Level(u32);
+
+/// What a hit may do.
+pub(super) enum Entered {
+    /// Run handlers, at this level.
+    Run(Level),
+    /// Refused: a handler of the caller's own context is running.
+    Recursion,
+    /// The thread is ignored ([`ignore_current_thread`](super::ignore_current_thread)).
+    Ignored,
 }
+
+/// Bit of `busy` set while the thread is ignored: never a level's bit, and
+/// it sends every hit to the slow path, which sees it first.
+const IGNORE: u32 = 1 << 31;
 
 pub(super) fn set_ignored(ignore: bool) {
-    GUARD.with(|g| g.ignore.set(ignore));
+    let g = guard();
+    let busy = g.busy.get();
+    g.busy.set(if ignore {
+        busy | IGNORE
+    } else {
+        busy & !IGNORE
+    });
 }
 
-/// Enters a context level to run handlers in, or `None` when a handler of
-/// the caller's own context is running (recursion).
+/// Enters a context level to run handlers in, unless a handler of the
+/// caller's own context is running or the thread is ignored.
 #[inline(always)]
-pub(super) fn enter() -> Option<Level> {
-    GUARD.with(|g| {
-        let busy = g.busy.get();
-        if busy == 0 {
-            g.busy.set(1);
-            return Some(Level { level: 0, saved: 0 });
-        }
-        enter_nested(g, busy)
-    })
+pub(super) fn enter() -> Entered {
+    let g = guard();
+    let busy = g.busy.get();
+    if busy == 0 {
+        g.busy.set(1);
+        return Entered::Run(Level(0));
+    }
+    enter_nested(g, busy)
 }
 
 #[cold]
-fn enter_nested(g: &Guard, busy: u32) -> Option<Level> {
+fn enter_nested(g: &Guard, busy: u32) -> Entered {
+    if busy & IGNORE != 0 {
+        return Entered::Ignored;
+    }
     let top = 31 - busy.leading_zeros();
-    let cur = current_mask()?;
+    let Some(cur) = current_mask() else {
+        return Entered::Recursion;
+    };
     if cur == g.masks[top as usize].get() {
-        return None;
+        return Entered::Recursion;
     }
     let level = top + 1;
     if level as usize >= MAX_LEVELS {
-        return None;
+        return Entered::Recursion;
     }
-    let saved = g.masks[level as usize].replace(cur);
-    // Published last: a signal handler that ran between the two stores
-    // restored the mask it found, so the level's mask is ours.
+    // A level's mask matters only while its bit is set, and only the code
+    // that sets the bit writes it. A signal handler that runs before the
+    // bit is set may take this level too and leave its own mask here, so
+    // the mask is written again once the bit is set (from then on nested
+    // code takes a higher level). In between, a nested hit compares with
+    // that other handler's mask: at worst it is refused as recursion.
+    g.masks[level as usize].set(cur);
     g.busy.set(busy | 1 << level);
-    Some(Level { level, saved })
+    g.masks[level as usize].set(cur);
+    Entered::Run(Level(level))
 }
 
 impl Drop for Level {
     #[inline(always)]
     fn drop(&mut self) {
-        // Rust-side thread-locals are torn down only after every dispatch
-        // on the thread returned; `GUARD` has no destructor anyway.
-        GUARD.with(|g| {
-            g.busy.set(g.busy.get() & !(1 << self.level));
-            if self.level != 0 {
-                g.masks[self.level as usize].set(self.saved);
-            }
-        });
+        let g = guard();
+        g.busy.set(g.busy.get() & !(1 << self.0));
     }
 }
 
@@ -183,22 +205,37 @@ impl Drop for Level {
 mod tests {
     use super::*;
 
+    fn run(e: Entered) -> Level {
+        match e {
+            Entered::Run(l) => l,
+            _ => panic!("expected to run"),
+        }
+    }
+
     #[test]
     fn nested_entry_in_the_same_context_is_refused() {
         init_thread();
-        let outer = enter().expect("level 0");
-        assert_eq!(outer.level, 0);
-        assert!(enter().is_none(), "same mask: recursion");
+        let outer = run(enter());
+        assert_eq!(outer.0, 0);
+        assert!(
+            matches!(enter(), Entered::Recursion),
+            "same mask: recursion"
+        );
         drop(outer);
-        let again = enter().expect("free again");
-        assert_eq!(again.level, 0);
+        let again = run(enter());
+        assert_eq!(again.0, 0);
+        drop(again);
+        set_ignored(true);
+        assert!(matches!(enter(), Entered::Ignored));
+        set_ignored(false);
+        drop(run(enter()));
     }
 
     #[cfg(all(target_os = "linux", not(miri)))]
     #[test]
     fn a_different_signal_mask_is_a_new_level() {
         init_thread();
-        let outer = enter().expect("level 0");
+        let outer = run(enter());
         // Block a signal as a signal handler's entry would.
         // SAFETY: plain sigset manipulation on locals; restored below.
         unsafe {
@@ -207,13 +244,19 @@ mod tests {
             libc::sigemptyset(&mut set);
             libc::sigaddset(&mut set, libc::SIGUSR2);
             libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-            let inner = enter().expect("new context");
-            assert_eq!(inner.level, 1);
-            assert!(enter().is_none(), "recursion inside the new context");
+            let inner = run(enter());
+            assert_eq!(inner.0, 1);
+            assert!(
+                matches!(enter(), Entered::Recursion),
+                "recursion inside the new context"
+            );
             drop(inner);
             libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         }
-        assert!(enter().is_none(), "back in level 0's context");
+        assert!(
+            matches!(enter(), Entered::Recursion),
+            "back in level 0's context"
+        );
         drop(outer);
     }
 }
