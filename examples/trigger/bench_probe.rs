@@ -14,6 +14,10 @@
 //! * `kretprobe-multi-all`: the same probe with an exit handler and 8 bytes
 //!   of per-call data, so each call also reserves and releases a return
 //!   instance (a shadow-stack entry in the baselines).
+//!
+//! The two `-all` benchmarks also run `index-lookup`, the bare
+//! `fprobe::AddrIndex::get` on the same addresses and streams, and print
+//! what fprobe's dispatch costs above it per call.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +29,14 @@ use crate::dispatch::{self, Dispatch, Hits};
 use crate::harness::PaddedCounter;
 use crate::impls::BATCH;
 use crate::report::Row;
+use fprobe::{AddrIndex, rcu};
+
+/// The contender these benchmarks add to the dispatchers (`--impls`).
+pub const NAMES: &[(&str, &str)] = &[(
+    "index-lookup",
+    "not a dispatcher: AddrIndex<u64>::get, one rcu::read_lock per call \
+     (kprobe-multi-all, kretprobe-multi-all)",
+)];
 
 #[derive(Clone, Copy, PartialEq)]
 enum Shape {
@@ -71,6 +83,17 @@ fn run(cfg: &Config, shape: Shape) -> Vec<Row> {
         set.origin
     );
     let dispatchers = dispatch::build(&attached, exit, &|name| cfg.keep_impl(name));
+    // The bare lookup: one value (1) per attached address.
+    let index = (shape != Shape::One && cfg.keep_impl(NAMES[0].0)).then(|| {
+        let index = AddrIndex::<u64>::builder()
+            .capacity(n)
+            .build()
+            .expect("valid configuration");
+        for &a in &attached {
+            index.insert(a, 1).expect("no address limit configured");
+        }
+        index
+    });
     let max_threads = *cfg.threads.iter().max().expect("at least one thread count");
     let workloads = match shape {
         Shape::One => vec![Workload::One],
@@ -86,7 +109,7 @@ fn run(cfg: &Config, shape: Shape) -> Vec<Row> {
     let mut rows = Vec::new();
     for (workload, streams) in &workloads {
         let streams = &streams[..];
-        let contenders: Vec<Contender> = dispatchers
+        let mut contenders: Vec<Contender> = dispatchers
             .iter()
             .map(|(name, d)| Contender {
                 name,
@@ -95,6 +118,14 @@ fn run(cfg: &Config, shape: Shape) -> Vec<Row> {
                 }),
             })
             .collect();
+        if let Some(index) = &index {
+            contenders.push(Contender {
+                name: NAMES[0].0,
+                producer: Box::new(move |i, counter: &PaddedCounter, stop: &AtomicBool| {
+                    lookup_producer(index, &streams[i], counter, stop)
+                }),
+            });
+        }
         let calls = match *workload {
             "one" => "every call to one address".to_string(),
             w => format!("{w} calls"),
@@ -107,9 +138,62 @@ fn run(cfg: &Config, shape: Shape) -> Vec<Row> {
             title,
             reference: "fprobe",
         };
-        rows.extend(compare::run(cfg, &labels, &contenders));
+        let table = compare::run(cfg, &labels, &contenders);
+        print_above_lookup(&table);
+        rows.extend(table);
     }
     rows
+}
+
+/// After a table: fprobe's ns per call minus the bare lookup's, from their
+/// medians at 1 thread (nothing if either or 1 thread was not run).
+fn print_above_lookup(table: &[Row]) {
+    let ns = |imp: &str| {
+        table
+            .iter()
+            .find(|r| r.imp == imp && r.threads == 1)
+            .map(|r| 1000.0 / r.median)
+    };
+    if let (Some(f), Some(l)) = (ns("fprobe"), ns(NAMES[0].0)) {
+        println!(
+            "fprobe dispatch above the bare lookup: {:.1} ns per call (fprobe {f:.1} ns, lookup {l:.1} ns)\n",
+            f - l
+        );
+    }
+}
+
+/// As [`producer`] for the bare lookup: the stream's addresses looked up
+/// in batches until `stop`, then a check that every lookup found its value.
+fn lookup_producer(
+    index: &AddrIndex<u64>,
+    stream: &[u64],
+    counter: &PaddedCounter,
+    stop: &AtomicBool,
+) {
+    let (mut pos, mut calls, mut sum) = (0, 0u64, 0u64);
+    // Relaxed: see run_producers; polled once per batch.
+    while !stop.load(Ordering::Relaxed) {
+        sum += lookups(index, black_box(&stream[pos..pos + BATCH]));
+        counter.add(BATCH as u64);
+        calls += BATCH as u64;
+        pos += BATCH;
+        if pos == stream.len() {
+            pos = 0;
+        }
+    }
+    assert_eq!(sum, calls, "index-lookup: values found");
+}
+
+/// One lookup per address, each in its own read-side section as each
+/// dispatch's entry is; the sum of the values found.
+#[inline(never)]
+fn lookups(index: &AddrIndex<u64>, addrs: &[u64]) -> u64 {
+    let mut sum = 0;
+    for &a in addrs {
+        let guard = rcu::read_lock();
+        sum += black_box(index.get(a, &guard).iter().sum::<u64>());
+    }
+    sum
 }
 
 /// Calls the stream's addresses in batches until `stop`, then checks that

@@ -134,7 +134,7 @@ fn impl_groups() -> [(&'static str, Vec<(&'static str, &'static str)>); 4] {
         ),
         (
             "kprobe-multi, kprobe-multi-all, kretprobe-multi-all",
-            dispatch::NAMES.to_vec(),
+            [dispatch::NAMES, bench_probe::NAMES].concat(),
         ),
         ("objpool, uretprobe-nop", pools),
     ]
