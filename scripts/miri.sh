@@ -30,6 +30,8 @@ run "$base -Zmiri-many-seeds=0..4" --test rcu
 # The resize-cycling reader test needs thousands of steps per cycle: too
 # slow under miri; every other index test (model, stress) runs.
 run "$base" --test index -- --skip readers_see_permanent_keys_through_resizes
+# Unit tests of the per-thread state and the recursion guard.
+run "$base" --lib -- per_thread recursion
 for t in hit_cache probe objpool retinst retinst_alloc probe_alloc fuzz_replay; do
   [ -f "tests/$t.rs" ] && run "$base" --test "$t"
 done

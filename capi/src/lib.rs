@@ -34,10 +34,12 @@
 //!
 //! [`fprobe_registry_destroy`] unpublishes the registry, waits an RCU
 //! grace period (every dispatch already inside it finishes) and frees it.
-//! The 24-byte handle itself is kept as a tombstone so that later calls
+//! The 16-byte handle itself is kept as a tombstone so that later calls
 //! through a stale pointer return [`FPROBE_E_DESTROYED`] instead of reading
-//! freed memory; registries are created a handful of times per process, so
-//! the tombstones are bounded by that.
+//! freed memory. Tombstones cost 16 bytes per registry ever created, cut
+//! from blocks of their own so that they pin no page of the freed
+//! registries' memory: 100,000 registries created, dispatched through and
+//! destroyed leave about 2 MiB (`tests/lifecycle.rs`).
 //!
 //! # Why the hot path takes no reference count
 //!
@@ -363,14 +365,54 @@ pub unsafe extern "C" fn fprobe_registry_new(
             );
         }
         let reg = b.build().map_err(code)?;
-        let handle = Box::new(fprobe_registry {
+        let handle = new_handle(fprobe_registry {
             magic: AtomicU64::new(LIVE),
             inner: AtomicPtr::new(Arc::into_raw(Arc::new(reg)).cast_mut()),
         });
         // SAFETY: checked non-null; writable by the contract.
-        unsafe { *out = Box::into_raw(handle) };
+        unsafe { *out = handle };
         Ok(())
     })
+}
+
+/// Handles per block of [`new_handle`].
+const HANDLES_PER_BLOCK: usize = 1024;
+
+/// The block handles are cut from, and how many of it are used.
+struct HandleBlock {
+    next: *mut fprobe_registry,
+    left: usize,
+}
+
+// SAFETY: the pointer is only a cursor into leaked memory, used under the
+// mutex below.
+unsafe impl Send for HandleBlock {}
+
+static HANDLES: std::sync::Mutex<HandleBlock> = std::sync::Mutex::new(HandleBlock {
+    next: std::ptr::null_mut(),
+    left: 0,
+});
+
+/// A handle that is never freed (a tombstone once its registry is
+/// destroyed, see the crate docs). Handles are cut from blocks of their
+/// own, so that the tombstones of many registries do not pin the pages
+/// their registries' memory was on.
+fn new_handle(h: fprobe_registry) -> *mut fprobe_registry {
+    let mut b = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
+    if b.left == 0 {
+        let block: Box<[std::mem::MaybeUninit<fprobe_registry>]> =
+            Box::new_uninit_slice(HANDLES_PER_BLOCK);
+        b.next = Box::leak(block).as_mut_ptr().cast();
+        b.left = HANDLES_PER_BLOCK;
+    }
+    let p = b.next;
+    // SAFETY: `p` is an unused element of a leaked block (`left > 0`).
+    unsafe {
+        p.write(h);
+        b.next = p.add(1);
+    }
+    b.left -= 1;
+    p
 }
 
 /// Destroys a registry: detaches the `-finstrument-functions` runtime if
