@@ -44,8 +44,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::mem::MaybeUninit;
 
-use crate::sync::Ordering;
 use crate::sync::unmodelled::{AtomicPtr, AtomicU64, Mutex};
+use crate::sync::{Ordering, compiler_fence};
 
 /// Buckets per `PerThread`: indices up to `2^BUCKETS - 2`.
 const BUCKETS: usize = 32;
@@ -76,6 +76,28 @@ std::thread_local! {
     static ID: Cell<(usize, usize, u64)> = const { Cell::new((0, 0, NONE)) };
     /// Gives the index back when the thread exits.
     static RELEASE: Release = const { Release };
+    /// The `PerThread` this thread last found its value in (its `id`; 0:
+    /// none) and that value: a one-entry cache in front of the buckets.
+    /// Invariant: `LAST_VALUE` is this thread's value in the `PerThread`
+    /// named by `LAST_ID` whenever `LAST_ID` is not 0; written id-last (see
+    /// `remember`).
+    static LAST_ID: Cell<u64> = const { Cell::new(0) };
+    static LAST_VALUE: Cell<*const ()> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Ids of `PerThread`s: never reused, so a cache entry of a dropped one
+/// can never match again.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Caches `value` as this thread's value in the `PerThread` `id`. A signal
+/// handler that runs in between sees id 0 (a miss) or a whole pair.
+#[inline]
+fn remember(id: u64, value: *const ()) {
+    LAST_ID.set(0);
+    compiler_fence(Ordering::SeqCst);
+    LAST_VALUE.set(value);
+    compiler_fence(Ordering::SeqCst);
+    LAST_ID.set(id);
 }
 
 struct Release;
@@ -83,6 +105,8 @@ struct Release;
 impl Drop for Release {
     fn drop(&mut self) {
         let (bucket, offset, generation) = ID.get();
+        // The cached value belongs to the index given back below.
+        LAST_ID.set(0);
         ID.set((0, 0, EXITED));
         if generation != NONE && generation != EXITED {
             lock(&INDICES)
@@ -144,6 +168,8 @@ struct Entry<T> {
 
 /// One `T` per thread, owned by an object; see the module docs.
 pub(crate) struct PerThread<T> {
+    /// Unique, non-zero: the key of the thread-local one-entry cache.
+    id: u64,
     /// Bucket `b`: null, or `2^b` entries from `Box<[Entry<T>]>::into_raw`.
     buckets: [AtomicPtr<Entry<T>>; BUCKETS],
 }
@@ -158,6 +184,7 @@ unsafe impl<T: Send + Sync> Send for PerThread<T> {}
 impl<T> PerThread<T> {
     pub(crate) fn new() -> Self {
         Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             buckets: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
         }
     }
@@ -180,6 +207,17 @@ impl<T> PerThread<T> {
     /// The calling thread's value, if it has one. Async-signal-safe.
     #[inline(always)]
     pub(crate) fn get(&self) -> Option<&T> {
+        if LAST_ID.get() == self.id {
+            // SAFETY: the invariant of `LAST_ID`: this thread's value in
+            // `self`, which lives (and keeps it) as long as `self`.
+            return Some(unsafe { &*LAST_VALUE.get().cast::<T>() });
+        }
+        self.get_uncached()
+    }
+
+    /// [`get`](Self::get) through the buckets; remembers what it finds.
+    #[inline]
+    fn get_uncached(&self) -> Option<&T> {
         let (bucket, offset, generation) = ID.get();
         let e = self.entry(bucket, offset)?;
         // Relaxed: only this thread stores its own generation; a match means
@@ -189,7 +227,9 @@ impl<T> PerThread<T> {
         }
         // SAFETY: owned by this thread, so initialised (invariant of
         // `owner`); shared access only.
-        Some(unsafe { (*e.value.get()).assume_init_ref() })
+        let v = unsafe { (*e.value.get()).assume_init_ref() };
+        remember(self.id, (v as *const T).cast());
+        Some(v)
     }
 
     /// The calling thread's value, made with `init` if its index never had

@@ -72,11 +72,11 @@ impl<C: Send + Sync + 'static> Registry<C> {
         ret_addr: u64,
         ctx: &C,
     ) {
-        let need: usize = HEADER
-            + attached
-                .iter()
-                .map(|a| a.frame_words as usize)
-                .sum::<usize>();
+        let need = HEADER
+            + match attached {
+                [a] => a.frame_words as usize,
+                _ => attached.iter().map(|a| a.frame_words as usize).sum(),
+            };
         // With no exit handler among them only a marker is needed.
         let base = if need > HEADER {
             local.reserve(need)
