@@ -72,6 +72,24 @@
 //! an engine's trampoline or C frames would be undefined behaviour), counted
 //! in [`ProbeStats::panics`], and dispatch goes on.
 //!
+//! # Performance
+//!
+//! An entry is: an RCU read-side section, the thread's state (a one-entry
+//! thread-local cache, else the `PerThread` buckets), the pairing-epoch
+//! check, the index lookup, the recursion guard, per attachment one load of
+//! the slot's state word, a counter increment and the handler call, and a
+//! frame push. A marker exit is the thread's state and one pop; a full exit
+//! adds a read-side section, the guard, and per kept handler three stack
+//! reads, the state load and the call. With every line in cache that is
+//! about 215 instructions for an entry + exit pair without exit handler and
+//! 360 with one (`examples/dispatch_cost.rs` under callgrind), of which the
+//! lookup and its read-side section take about 60. A lock-free exit and
+//! per-thread everything make dispatch scale with threads where a locked
+//! table collapses; at one thread the locked table's shorter path is
+//! faster, and when the table is out of cache its shorter path also lets
+//! the processor overlap one call's misses with the next call's. Figures:
+//! `BENCHMARKS.md`, section "Probe dispatch".
+//!
 //! # Examples
 //!
 //! ```
