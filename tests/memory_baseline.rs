@@ -155,10 +155,17 @@ fn probe_round(reg: &Arc<Registry<()>>) -> isize {
             reg.register(probe, &addrs).unwrap()
         })
         .collect();
+    // Both callers hold their per-thread state at once in every round (the
+    // registry keeps one state per thread index, the lowest free index is
+    // handed out first): the states the warm-up made are the ones reused.
+    let both = Arc::new(std::sync::Barrier::new(2));
     let callers: Vec<_> = (0..2)
         .map(|_| {
-            let reg = reg.clone();
+            let (reg, both) = (reg.clone(), both.clone());
             std::thread::spawn(move || {
+                reg.on_entry(0x1000, 0, &());
+                reg.on_exit(0, &());
+                both.wait();
                 for i in 0..20_000u64 {
                     reg.on_entry(0x1000 + (i % 4096) * 16, 0, &());
                     reg.on_exit(0, &());
