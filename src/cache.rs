@@ -55,7 +55,11 @@
 //!
 //! Per thread and per cached index: `entries × 24` bytes (default 1024
 //! entries, 4-way: 24 KiB), allocated on the thread's first lookup in that
-//! index and freed when the thread exits. When a thread's hit rate over a
+//! index (the crate's `PerThread`: any number of cached indexes, found in
+//! constant time) and freed with the index; a thread that exits leaves its
+//! cache, entries included, to the next thread given its thread index, so
+//! an index holds one cache per thread alive at once at most. When a
+//! thread's hit rate over a
 //! window of 1024 lookups is under 1/16 (a uniform workload over a table
 //! much larger than the cache), it bypasses the cache for the next 16,384
 //! lookups, paying a counter decrement instead of a fill, then samples again.
@@ -86,11 +90,11 @@
 //! per-thread memory and cold caches of new threads dominate.
 
 use std::cell::Cell;
-use std::sync::Arc;
 
 use crate::cpu::CpuSource;
 use crate::index::raw::record::Header;
-use crate::sync::unmodelled::{self, AtomicU64, Mutex};
+use crate::per_thread::{CacheSlot, PerThread};
+use crate::sync::unmodelled::{self, AtomicU64};
 use crate::sync::{AtomicPtr, CachePadded, Ordering, fence};
 
 /// Configuration of the recent-hit cache.
@@ -177,7 +181,9 @@ pub struct HitCacheStats {
     /// Lookups that went to the index while the thread's cache was in
     /// bypass (low hit rate).
     pub bypassed: u64,
-    /// Threads with a cache for this index now.
+    /// Per-thread caches of this index: the most threads that have used it
+    /// at once (an exited thread's cache goes to the next thread given its
+    /// thread index).
     pub threads: usize,
     /// Bytes of one thread's cache.
     pub bytes_per_thread: usize,
@@ -376,10 +382,10 @@ struct PerCpu {
 const WINDOW: u32 = 1024;
 const BYPASS: u32 = 16 * 1024;
 
-/// One thread's cache for one index. Owned by the thread; other threads
-/// only read the counters.
+/// One thread's cache for one index. Owned by the thread (the
+/// `PerThread` invariant: one owner at a time); other threads only read
+/// the counters.
 struct Local {
-    owner: Arc<Shared>,
     /// Invariant: `entries.len() == sets * ways`.
     entries: Box<[Cell<Entry>]>,
     set_mask: usize,
@@ -388,8 +394,17 @@ struct Local {
     window_left: Cell<u32>,
     window_hits: Cell<u32>,
     bypass_left: Cell<u32>,
-    counters: Arc<Counters>,
+    counters: Counters,
 }
+
+// SAFETY: the cells are used by the owning thread only (one owner at a
+// time, handed over by `PerThread` under its index allocator's mutex);
+// `counters` are atomics stored by the owner and loaded by `stats`. The
+// entries' record pointers are only dereferenced by their owner under a
+// read guard, after the generation check.
+unsafe impl Sync for Local {}
+// SAFETY: as above; a `Local` is dropped with its index, on any thread.
+unsafe impl Send for Local {}
 
 /// Counters of one thread, readable by `stats()`. Only the owning thread
 /// stores them (load + store, no read-modify-write on a shared line).
@@ -407,60 +422,12 @@ impl Counters {
     }
 }
 
-/// State shared by an index's cache and its threads' caches.
-pub(crate) struct Shared {
-    config: HitCacheConfig,
-    /// Every thread cache's counters, and those of exited threads.
-    threads: Mutex<(Vec<Arc<Counters>>, HitCacheStats)>,
-}
-
-/// Thread-local slots: one per cached index alive at once.
-const SLOTS: usize = 32;
-
-static SLOT_USED: Mutex<[bool; SLOTS]> = Mutex::new([false; SLOTS]);
-
-std::thread_local! {
-    /// This thread's caches, by slot. Const-initialised without `Drop`, so
-    /// reading it is a plain thread-pointer-relative load.
-    static LOCALS: [Cell<*mut Local>; SLOTS] = const { [const { Cell::new(std::ptr::null_mut()) }; SLOTS] };
-    /// Frees this thread's caches at exit (armed by the first cache).
-    static LOCALS_OWNER: LocalsOwner = const { LocalsOwner };
-}
-
-struct LocalsOwner;
-
-impl Drop for LocalsOwner {
-    fn drop(&mut self) {
-        for i in 0..SLOTS {
-            let p = LOCALS.with(|l| l[i].replace(std::ptr::null_mut()));
-            if !p.is_null() {
-                // SAFETY: slots hold boxes created by `HitCache::local`, owned
-                // by this thread.
-                retire_local(*unsafe { Box::from_raw(p) });
-            }
-        }
-    }
-}
-
-fn retire_local(local: Local) {
-    let mut t = local
-        .owner
-        .threads
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    let (list, retired) = &mut *t;
-    list.retain(|c| !Arc::ptr_eq(c, &local.counters));
-    retired.hits += local.counters.hits.load(Ordering::Relaxed);
-    retired.misses += local.counters.misses.load(Ordering::Relaxed);
-    retired.bypassed += local.counters.bypassed.load(Ordering::Relaxed);
-}
-
 /// The cache of one index.
 pub(crate) struct HitCache {
-    shared: Arc<Shared>,
-    /// This index's thread-local slot; `None` when all slots are taken (then
-    /// lookups go straight to the index).
-    slot: Option<usize>,
+    config: HitCacheConfig,
+    /// Each thread's cache (in per-CPU mode: its counters and bypass
+    /// state), freed with the index.
+    locals: PerThread<Local>,
     /// The index's write generation, bumped by every record publish/unlink.
     pub(crate) generation: CachePadded<unmodelled::AtomicU64>,
     /// The per-CPU caches, in per-CPU mode.
@@ -469,20 +436,9 @@ pub(crate) struct HitCache {
 
 impl HitCache {
     pub(crate) fn new(config: HitCacheConfig) -> Self {
-        let slot = {
-            let mut used = SLOT_USED.lock().unwrap_or_else(|e| e.into_inner());
-            let s = used.iter().position(|u| !u);
-            if let Some(s) = s {
-                used[s] = true;
-            }
-            s
-        };
         Self {
-            shared: Arc::new(Shared {
-                config,
-                threads: Mutex::new((Vec::new(), HitCacheStats::default())),
-            }),
-            slot,
+            config,
+            locals: PerThread::new(CacheSlot::HitCache),
             generation: CachePadded(unmodelled::AtomicU64::new(0)),
             per_cpu: if config.per_cpu {
                 crate::cpu::source().map(|source| {
@@ -519,15 +475,9 @@ impl HitCache {
     /// index lookup. The caller holds a read guard.
     #[inline]
     pub(crate) fn lookup(&self, addr: u64, miss: impl FnOnce() -> *mut Header) -> *mut Header {
-        let Some(slot) = self.slot else {
-            return miss();
-        };
-        let p = LOCALS.with(|l| l[slot].get());
-        // SAFETY: a non-null slot is a live `Local` owned by this thread
-        // (freed only by this thread's exit handler, or replaced below).
-        let local = match unsafe { p.as_ref() } {
-            Some(l) if Arc::ptr_eq(&l.owner, &self.shared) => l,
-            _ => match self.local(slot) {
+        let local = match self.locals.get() {
+            Some(l) => l,
+            None => match self.local() {
                 Some(l) => l,
                 None => return miss(),
             },
@@ -546,7 +496,7 @@ impl HitCache {
             }
             Some(pc) => {
                 let cpu = pc.source.cpu().unwrap_or(0) & (pc.cpus - 1);
-                let base = cpu * self.shared.config.entries + base;
+                let base = cpu * self.config.entries + base;
                 let set = &pc.entries[base..base + local.ways];
                 through_shared_set(&*self.generation, set, victim, addr, miss)
             }
@@ -562,63 +512,43 @@ impl HitCache {
         rec
     }
 
-    /// Creates (or replaces a stale) thread cache in `slot`.
+    /// Creates this thread's cache, or takes over the one an exited thread
+    /// left at its index (its entries stay: each is checked against the
+    /// generation like any other); `None` while the thread's thread-locals
+    /// are being destroyed.
     #[cold]
-    fn local(&self, slot: usize) -> Option<&Local> {
-        let c = self.shared.config;
-        let counters = Arc::new(Counters::default());
-        let local = Box::new(Local {
-            owner: self.shared.clone(),
-            // In per-CPU mode the thread keeps counters and the bypass
-            // state only.
-            entries: (0..if self.per_cpu.is_some() { 0 } else { c.entries })
-                .map(|_| Cell::new(EMPTY))
-                .collect(),
-            set_mask: c.entries / c.ways - 1,
-            ways: c.ways,
-            victim: Cell::new(0),
-            window_left: Cell::new(WINDOW),
-            window_hits: Cell::new(0),
-            bypass_left: Cell::new(0),
-            counters: counters.clone(),
-        });
-        if LOCALS_OWNER.try_with(|_| ()).is_err() {
-            // Thread-local destructors are running: no cache for this call.
-            return None;
-        }
-        let raw = Box::into_raw(local);
-        let old = LOCALS.with(|l| l[slot].replace(raw));
-        if !old.is_null() {
-            // SAFETY: the previous occupant belonged to a dropped index;
-            // this thread owned it and no reference to it is live.
-            retire_local(*unsafe { Box::from_raw(old) });
-        }
-        self.shared
-            .threads
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .0
-            .push(counters);
-        // SAFETY: just stored in this thread's slot; lives until replaced
-        // or the thread exits, both only on this thread.
-        Some(unsafe { &*raw })
+    fn local(&self) -> Option<&Local> {
+        let c = self.config;
+        let per_cpu = self.per_cpu.is_some();
+        self.locals.get_or(
+            || Local {
+                // In per-CPU mode the thread keeps counters and the bypass
+                // state only.
+                entries: (0..if per_cpu { 0 } else { c.entries })
+                    .map(|_| Cell::new(EMPTY))
+                    .collect(),
+                set_mask: c.entries / c.ways - 1,
+                ways: c.ways,
+                victim: Cell::new(0),
+                window_left: Cell::new(WINDOW),
+                window_hits: Cell::new(0),
+                bypass_left: Cell::new(0),
+                counters: Counters::default(),
+            },
+            |_| {},
+        )
     }
 
     pub(crate) fn stats(&self) -> HitCacheStats {
-        let t = self
-            .shared
-            .threads
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let (list, retired) = &*t;
-        let mut s = *retired;
-        for c in list {
-            s.hits += c.hits.load(Ordering::Relaxed);
-            s.misses += c.misses.load(Ordering::Relaxed);
-            s.bypassed += c.bypassed.load(Ordering::Relaxed);
+        let mut s = HitCacheStats::default();
+        for l in self.locals.iter() {
+            // Relaxed: statistics; no other memory is published with them.
+            s.hits += l.counters.hits.load(Ordering::Relaxed);
+            s.misses += l.counters.misses.load(Ordering::Relaxed);
+            s.bypassed += l.counters.bypassed.load(Ordering::Relaxed);
+            s.threads += 1;
         }
-        s.threads = list.len();
-        let c = self.shared.config;
+        let c = self.config;
         match &self.per_cpu {
             Some(pc) => {
                 s.bytes_per_thread = c.bytes_per_thread();
@@ -653,16 +583,6 @@ impl Local {
         }
         self.window_left.set(WINDOW);
         self.window_hits.set(0);
-    }
-}
-
-impl Drop for HitCache {
-    fn drop(&mut self) {
-        if let Some(s) = self.slot {
-            // Threads' caches for this slot are recognised as stale (their
-            // `owner` differs) and replaced on next use, or freed at exit.
-            SLOT_USED.lock().unwrap_or_else(|e| e.into_inner())[s] = false;
-        }
     }
 }
 

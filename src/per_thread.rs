@@ -76,28 +76,43 @@ std::thread_local! {
     static ID: Cell<(usize, usize, u64)> = const { Cell::new((0, 0, NONE)) };
     /// Gives the index back when the thread exits.
     static RELEASE: Release = const { Release };
-    /// The `PerThread` this thread last found its value in (its `id`; 0:
-    /// none) and that value: a one-entry cache in front of the buckets.
-    /// Invariant: `LAST_VALUE` is this thread's value in the `PerThread`
-    /// named by `LAST_ID` whenever `LAST_ID` is not 0; written id-last (see
-    /// `remember`).
-    static LAST_ID: Cell<u64> = const { Cell::new(0) };
-    static LAST_VALUE: Cell<*const ()> = const { Cell::new(std::ptr::null()) };
+    /// Per [`CacheSlot`]: the `PerThread` this thread last found its value
+    /// in (its `id`; 0: none) and that value, a one-entry cache in front of
+    /// the buckets. Invariant: `LAST_VALUE[k]` is this thread's value in
+    /// the `PerThread` named by `LAST_ID[k]` whenever that is not 0;
+    /// written id-last (see `remember`).
+    static LAST_ID: [Cell<u64>; CACHE_SLOTS] = const { [const { Cell::new(0) }; CACHE_SLOTS] };
+    static LAST_VALUE: [Cell<*const ()>; CACHE_SLOTS] =
+        const { [const { Cell::new(std::ptr::null()) }; CACHE_SLOTS] };
+}
+
+const CACHE_SLOTS: usize = 2;
+
+/// Which one-entry cache a `PerThread` uses: one per kind of owner, so
+/// that a dispatch that goes through a registry and its index's hit cache
+/// does not evict one with the other.
+#[derive(Clone, Copy)]
+pub(crate) enum CacheSlot {
+    /// Probe registries.
+    Registry = 0,
+    /// Hit caches.
+    HitCache = 1,
 }
 
 /// Ids of `PerThread`s: never reused, so a cache entry of a dropped one
 /// can never match again.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Caches `value` as this thread's value in the `PerThread` `id`. A signal
-/// handler that runs in between sees id 0 (a miss) or a whole pair.
+/// Caches `value` as this thread's value in the `PerThread` `id`, in
+/// cache slot `k`. A signal handler that runs in between sees id 0 (a
+/// miss) or a whole pair.
 #[inline]
-fn remember(id: u64, value: *const ()) {
-    LAST_ID.set(0);
+fn remember(k: usize, id: u64, value: *const ()) {
+    LAST_ID.with(|l| l[k].set(0));
     compiler_fence(Ordering::SeqCst);
-    LAST_VALUE.set(value);
+    LAST_VALUE.with(|l| l[k].set(value));
     compiler_fence(Ordering::SeqCst);
-    LAST_ID.set(id);
+    LAST_ID.with(|l| l[k].set(id));
 }
 
 struct Release;
@@ -105,8 +120,8 @@ struct Release;
 impl Drop for Release {
     fn drop(&mut self) {
         let (bucket, offset, generation) = ID.get();
-        // The cached value belongs to the index given back below.
-        LAST_ID.set(0);
+        // The cached values belong to the index given back below.
+        LAST_ID.with(|l| l.iter().for_each(|c| c.set(0)));
         ID.set((0, 0, EXITED));
         if generation != NONE && generation != EXITED {
             lock(&INDICES)
@@ -170,6 +185,8 @@ struct Entry<T> {
 pub(crate) struct PerThread<T> {
     /// Unique, non-zero: the key of the thread-local one-entry cache.
     id: u64,
+    /// Which one-entry cache.
+    slot: usize,
     /// Bucket `b`: null, or `2^b` entries from `Box<[Entry<T>]>::into_raw`.
     buckets: [AtomicPtr<Entry<T>>; BUCKETS],
 }
@@ -182,9 +199,10 @@ unsafe impl<T: Send + Sync> Sync for PerThread<T> {}
 unsafe impl<T: Send + Sync> Send for PerThread<T> {}
 
 impl<T> PerThread<T> {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(slot: CacheSlot) -> Self {
         Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            slot: slot as usize,
             buckets: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
         }
     }
@@ -207,10 +225,10 @@ impl<T> PerThread<T> {
     /// The calling thread's value, if it has one. Async-signal-safe.
     #[inline(always)]
     pub(crate) fn get(&self) -> Option<&T> {
-        if LAST_ID.get() == self.id {
+        if LAST_ID.with(|l| l[self.slot].get()) == self.id {
             // SAFETY: the invariant of `LAST_ID`: this thread's value in
             // `self`, which lives (and keeps it) as long as `self`.
-            return Some(unsafe { &*LAST_VALUE.get().cast::<T>() });
+            return Some(unsafe { &*LAST_VALUE.with(|l| l[self.slot].get()).cast::<T>() });
         }
         self.get_uncached()
     }
@@ -228,7 +246,7 @@ impl<T> PerThread<T> {
         // SAFETY: owned by this thread, so initialised (invariant of
         // `owner`); shared access only.
         let v = unsafe { (*e.value.get()).assume_init_ref() };
-        remember(self.id, (v as *const T).cast());
+        remember(self.slot, self.id, (v as *const T).cast());
         Some(v)
     }
 
@@ -348,7 +366,7 @@ mod tests {
 
     #[test]
     fn each_thread_gets_its_own_value_and_exited_threads_values_are_adopted() {
-        let pt = Arc::new(PerThread::<AtomicUsize>::new());
+        let pt = Arc::new(PerThread::<AtomicUsize>::new(CacheSlot::Registry));
         let made = Arc::new(AtomicUsize::new(0));
         let n = if cfg!(miri) { 3 } else { 16 };
         for round in 0..3 {
@@ -390,7 +408,7 @@ mod tests {
                 self.0.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let pt = PerThread::<D>::new();
+        let pt = PerThread::<D>::new(CacheSlot::HitCache);
         assert!(pt.get().is_none());
         pt.get_or(|| D(drops.clone()), |_| {}).unwrap();
         std::thread::scope(|s| {

@@ -275,3 +275,39 @@ fn churn(config: HitCacheConfig) {
     assert!(s.hits + s.misses + s.bypassed > 0 || cfg!(miri));
     println!("hit cache under churn: {s:?}");
 }
+
+/// Every cached index gets a cache on every thread, however many are alive
+/// at once; threads that come and go do not pile up caches.
+#[test]
+fn any_number_of_cached_indexes_each_get_a_cache() {
+    let n = if cfg!(miri) { 3 } else { 100 };
+    let indexes: Vec<AddrIndex<u32>> = (0..n).map(|_| cached(4)).collect();
+    for (i, index) in indexes.iter().enumerate() {
+        index.insert(7, i as u32).unwrap();
+    }
+    for _ in 0..2 {
+        // Interleaved, so that no index stays this thread's last one.
+        for (i, index) in indexes.iter().enumerate() {
+            assert_eq!(index.lookup(7, |v| v.to_vec()), Some(vec![i as u32]));
+        }
+    }
+    for (i, index) in indexes.iter().enumerate() {
+        let s = index.hit_cache_stats().unwrap();
+        assert_eq!((s.misses, s.hits), (1, 1), "index {i}: {s:?}");
+    }
+    let index = Arc::new(cached::<u32>(4));
+    index.insert(9, 1).unwrap();
+    for _ in 0..3 {
+        let index = index.clone();
+        std::thread::spawn(move || {
+            assert_eq!(index.lookup(9, |v| v.to_vec()), Some(vec![1]));
+        })
+        .join()
+        .unwrap();
+    }
+    let s = index.hit_cache_stats().unwrap();
+    assert_eq!(s.hits + s.misses, 3);
+    // One at a time: each takes the lowest free thread index, which other
+    // tests' threads may hold meanwhile, so at most one cache each.
+    assert!(s.threads <= 3, "{s:?}");
+}

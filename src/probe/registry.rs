@@ -20,7 +20,7 @@ use super::shadow::Local;
 use super::stats::{Counter, NCOUNTERS, ProbeStats, Sums};
 use crate::error::Error;
 use crate::index::AddrIndex;
-use crate::per_thread::PerThread;
+use crate::per_thread::{CacheSlot, PerThread};
 use crate::rcu;
 use crate::sync::unmodelled::{AtomicU64, Mutex};
 use crate::sync::{AtomicPtr, Ordering};
@@ -279,7 +279,7 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
                 free: (0..self.max_probes as u32).rev().collect(),
                 base: vec![[0; NCOUNTERS]; self.max_probes],
             }),
-            locals: PerThread::new(),
+            locals: PerThread::new(CacheSlot::Registry),
             stack_words,
             data_size: self.data_size,
             epoch: AtomicU64::new(0),
