@@ -51,7 +51,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
                     drop(level);
                 }
                 Entered::Recursion => {
-                    self.bump_all(local, attached, Counter::Recursion);
+                    for a in attached {
+                        local.counters.bump(a.slot, Counter::Recursion);
+                    }
                     local.push_marker();
                 }
                 Entered::Ignored => local.push_marker(),

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use super::def::Fprobe;
 use super::recursion;
 use super::shadow::Local;
-use super::stats::{Counter, NCOUNTERS, ProbeStats, Sums};
+use super::stats::{NCOUNTERS, ProbeStats, Sums};
 use crate::error::Error;
 use crate::index::AddrIndex;
 use crate::per_thread::{CacheSlot, PerThread};
@@ -553,14 +553,6 @@ impl<C: Send + Sync + 'static> Registry<C> {
             || Local::new(self.stack_words, self.slots.len(), epoch),
             Local::adopt,
         )
-    }
-
-    /// Counts `which` for every probe attached in `attached`.
-    #[inline]
-    pub(super) fn bump_all(&self, local: &Local, attached: &[Attach<C>], which: Counter) {
-        for a in attached {
-            local.counters.bump(a.slot, which);
-        }
     }
 }
 
