@@ -9,8 +9,8 @@
 //! * [`AddrIndex`] ([`index`]) — the address index: a multi-value concurrent
 //!   hash table with lock-free, store-free lookups and online resize.
 //! * [`cache`] — an opt-in per-thread recent-hit cache in front of the index.
-//! * [`ObjPool`] ([`objpool`]) — a fixed-capacity object pool with per-slot
-//!   rings, and [`retinst`] — per-thread return-instance stacks that reuse
+//! * [`ObjPool`] ([`objpool`]) — a fixed-capacity object pool with per-thread
+//!   magazines in front of a lock-free depot, and [`retinst`] — per-thread return-instance stacks that reuse
 //!   finished instances without atomics.
 //! * [`probe`] — the kernel's fprobe: entry/exit probes on many addresses at
 //!   once, dispatch, misses by cause, safe unregister.

@@ -86,7 +86,7 @@ std::thread_local! {
         const { [const { Cell::new(std::ptr::null()) }; CACHE_SLOTS] };
 }
 
-const CACHE_SLOTS: usize = 2;
+const CACHE_SLOTS: usize = 3;
 
 /// Which one-entry cache a `PerThread` uses: one per kind of owner, so
 /// that a dispatch that goes through a registry and its index's hit cache
@@ -97,6 +97,8 @@ pub(crate) enum CacheSlot {
     Registry = 0,
     /// Hit caches.
     HitCache = 1,
+    /// Object pools' magazines.
+    Pool = 2,
 }
 
 /// Ids of `PerThread`s: never reused, so a cache entry of a dropped one
@@ -186,7 +188,7 @@ pub(crate) struct PerThread<T> {
     /// Unique, non-zero: the key of the thread-local one-entry cache.
     id: u64,
     /// Which one-entry cache.
-    slot: usize,
+    slot: CacheSlot,
     /// Bucket `b`: null, or `2^b` entries from `Box<[Entry<T>]>::into_raw`.
     buckets: [AtomicPtr<Entry<T>>; BUCKETS],
 }
@@ -202,7 +204,7 @@ impl<T> PerThread<T> {
     pub(crate) fn new(slot: CacheSlot) -> Self {
         Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            slot: slot as usize,
+            slot,
             buckets: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
         }
     }
@@ -225,10 +227,10 @@ impl<T> PerThread<T> {
     /// The calling thread's value, if it has one. Async-signal-safe.
     #[inline(always)]
     pub(crate) fn get(&self) -> Option<&T> {
-        if LAST_ID.with(|l| l[self.slot].get()) == self.id {
+        if LAST_ID.with(|l| l[self.slot as usize].get()) == self.id {
             // SAFETY: the invariant of `LAST_ID`: this thread's value in
             // `self`, which lives (and keeps it) as long as `self`.
-            return Some(unsafe { &*LAST_VALUE.with(|l| l[self.slot].get()).cast::<T>() });
+            return Some(unsafe { &*LAST_VALUE.with(|l| l[self.slot as usize].get()).cast::<T>() });
         }
         self.get_uncached()
     }
@@ -246,7 +248,7 @@ impl<T> PerThread<T> {
         // SAFETY: owned by this thread, so initialised (invariant of
         // `owner`); shared access only.
         let v = unsafe { (*e.value.get()).assume_init_ref() };
-        remember(self.slot, self.id, (v as *const T).cast());
+        remember(self.slot as usize, self.id, (v as *const T).cast());
         Some(v)
     }
 

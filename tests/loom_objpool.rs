@@ -1,15 +1,18 @@
-//! loom model of the objpool ring protocol (`src/objpool/ring.rs`) through
-//! the public API: tiny pools (2 rings, 2–3 objects), 2–3 threads.
+//! loom model of the objpool's shared part through the public API: the
+//! depot (`src/objpool/depot.rs`) and the magazine handshake between an
+//! owner and a stealer or the teardown (`src/objpool/magazine.rs`), with
+//! tiny pools (1–2 objects, magazines of 2), 2–3 threads.
 //!
 //! ```text
 //! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test loom_objpool
 //! ```
 //!
-//! Under loom, thread `n` uses ring `n & 1`, so the main thread and the
-//! second spawned thread share ring 0 (multi-producer pushes), the first
-//! spawned one has ring 1, and pops steal across rings. Objects are reached
-//! through loom's `UnsafeCell`, so two holders of one object at once would be
-//! reported as a data race; the tests also check identities explicitly.
+//! Under loom, model thread `n` uses magazine `n`; an object pushed by one
+//! thread sits in its magazine until that thread pops it or another thread
+//! steals it. Under loom the handshake runs `SeqCst` fences on both sides
+//! (loom cannot model `membarrier(2)`). Objects and magazine slots are
+//! reached through loom's `UnsafeCell`, so two users of one at once would
+//! be reported as a data race; the tests also check identities explicitly.
 #![cfg(loom)]
 
 use loom::sync::Arc;
@@ -19,7 +22,7 @@ use loom::thread;
 use fprobe::ObjPool;
 
 fn pool(n: usize) -> ObjPool<usize> {
-    ObjPool::builder().rings(2).build(n, |i| i).unwrap()
+    ObjPool::builder().thread_cache(2).build(n, |i| i).unwrap()
 }
 
 /// Pops everything and checks that exactly the ids `0..n` come back.
@@ -33,8 +36,8 @@ fn assert_all_back(pool: &ObjPool<usize>, n: usize) {
     assert_eq!(ids, (0..n).collect::<Vec<_>>());
 }
 
-/// One object, two threads popping and pushing it twice each: it always
-/// comes from the other thread's ring (a steal), every write travels with
+/// One object, two threads popping and pushing it twice each: it moves
+/// between their magazines by stealing, every write travels with
 /// it (an unordered access would be a data race in loom's `UnsafeCell`),
 /// and no update is lost.
 #[test]
@@ -64,11 +67,11 @@ fn single_object_handoff() {
     });
 }
 
-/// Three threads (two of them sharing a ring) each take an object and give
-/// it back twice, with stealing from the other ring and momentary
-/// exhaustion.
+/// Three threads each take an object and give it back twice, with
+/// refills from the depot, steals from each other's magazines and
+/// momentary exhaustion.
 #[test]
-fn three_threads_shared_ring() {
+fn three_threads_steal_and_refill() {
     loom::model(|| {
         let pool = Arc::new(pool(2));
         let threads: Vec<_> = (0..2)
@@ -81,7 +84,6 @@ fn three_threads_shared_ring() {
                 })
             })
             .collect();
-        // The main thread is the third one (ring 0, like the second spawned).
         let a = pool.pop();
         drop(a);
         for t in threads {
@@ -94,14 +96,14 @@ fn three_threads_shared_ring() {
 /// An object pushed back on one thread while another holds the rest: the
 /// holder's later pops see it (steal) with its contents.
 #[test]
-fn transfer_between_rings() {
+fn transfer_between_magazines() {
     loom::model(|| {
         let pool = Arc::new(pool(2));
         let mut o = pool.pop().unwrap();
         *o += 10;
         let p = pool.clone();
         let t = thread::spawn(move || {
-            drop(o); // pushed to ring 1
+            drop(o); // pushed into this thread's magazine
             let again = p.pop();
             again.map(|o| *o)
         });
@@ -139,7 +141,7 @@ fn drop_pool_while_object_returns() {
         let drops = Arc::new(AtomicUsize::new(0));
         let d = drops.clone();
         let pool = ObjPool::builder()
-            .rings(2)
+            .thread_cache(2)
             .build(2, move |_| Tracked { drops: d.clone() })
             .unwrap();
         let o = pool.pop().unwrap();

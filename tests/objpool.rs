@@ -13,9 +13,9 @@ const THREADS: usize = if cfg!(miri) { 3 } else { 4 };
 
 #[test]
 fn pop_until_exhausted_then_reuse() {
-    let pool = ObjPool::builder().rings(2).build(5, |i| i).unwrap();
+    let pool = ObjPool::builder().thread_cache(2).build(5, |i| i).unwrap();
     assert_eq!(pool.capacity(), 5);
-    assert_eq!(pool.rings(), 2);
+    assert_eq!(pool.thread_cache(), 2);
     let mut held: Vec<_> = std::iter::from_fn(|| pool.pop()).collect();
     let mut ids: Vec<usize> = held.iter().map(|o| **o).collect();
     ids.sort_unstable();
@@ -33,39 +33,38 @@ fn pop_until_exhausted_then_reuse() {
 
 #[test]
 fn writes_survive_a_round_trip() {
-    let pool = ObjPool::builder()
-        .rings(1)
-        .build(1, |_| Vec::new())
-        .unwrap();
-    pool.pop().unwrap().extend_from_slice(b"hello");
-    assert_eq!(&**pool.pop().unwrap(), b"hello");
+    for cache in [0, 1, 4] {
+        let pool = ObjPool::builder()
+            .thread_cache(cache)
+            .build(1, |_| Vec::new())
+            .unwrap();
+        pool.pop().unwrap().extend_from_slice(b"hello");
+        assert_eq!(&**pool.pop().unwrap(), b"hello");
+    }
 }
 
 #[test]
-fn builder_errors_and_rounding() {
+fn builder_errors_and_defaults() {
     assert_eq!(
         ObjPool::builder().build(0, |_| ()).unwrap_err(),
         ObjPoolError::NoObjects
     );
     assert_eq!(
-        ObjPool::builder().rings(0).build(1, |_| ()).unwrap_err(),
-        ObjPoolError::BadRings
-    );
-    assert_eq!(
         ObjPool::builder()
-            .rings(fprobe::objpool::MAX_RINGS + 1)
+            .thread_cache(fprobe::objpool::MAX_THREAD_CACHE + 1)
             .build(1, |_| ())
             .unwrap_err(),
-        ObjPoolError::BadRings
+        ObjPoolError::ThreadCacheTooLarge
     );
-    assert_eq!(
-        ObjPool::builder()
-            .rings(5)
-            .build(3, |_| ())
-            .unwrap()
-            .rings(),
-        8
-    );
+    let max = ObjPool::builder()
+        .thread_cache(fprobe::objpool::MAX_THREAD_CACHE)
+        .build(1, |_| ())
+        .unwrap();
+    assert_eq!(max.thread_cache(), fprobe::objpool::MAX_THREAD_CACHE);
+    // Default: a sixteenth of the objects, between 1 and 32.
+    assert_eq!(ObjPool::new(3, |_| ()).thread_cache(), 1);
+    assert_eq!(ObjPool::new(256, |_| ()).thread_cache(), 16);
+    assert_eq!(ObjPool::new(4096, |_| ()).thread_cache(), 32);
     assert!(!ObjPoolError::NoObjects.to_string().is_empty());
 }
 
@@ -77,14 +76,41 @@ fn new_panics_on_zero_objects() {
 
 #[test]
 fn objects_move_between_threads() {
-    let pool = ObjPool::builder().rings(4).build(4, |i| i).unwrap();
+    let pool = ObjPool::builder().thread_cache(4).build(4, |i| i).unwrap();
     let held: Vec<_> = std::iter::from_fn(|| pool.pop()).collect();
-    // Pushed back from another thread (another ring), popped here by stealing.
+    // Pushed back into another thread's magazine, popped here by stealing
+    // from it after that thread exited.
     std::thread::spawn(move || drop(held)).join().unwrap();
     let back: Vec<_> = std::iter::from_fn(|| pool.pop()).collect();
     let mut ids: Vec<usize> = back.iter().map(|o| **o).collect();
     ids.sort_unstable();
     assert_eq!(ids, [0, 1, 2, 3]);
+    assert_eq!(pool.nmissed(), 2); // the two `from_fn` stops
+}
+
+/// Objects sitting in the magazine of a live thread that is not inside a
+/// pop or push are stolen, not missed.
+#[test]
+fn objects_in_an_idle_threads_magazine_are_stolen() {
+    let pool = ObjPool::builder().thread_cache(8).build(8, |i| i).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (filled_tx, filled_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let pool = &pool;
+        s.spawn(move || {
+            // Take every object, then give them all back to this thread's
+            // magazine (it holds all 8) and stay alive, idle.
+            let all: Vec<_> = std::iter::from_fn(|| pool.pop()).collect();
+            assert_eq!(all.len(), 8);
+            drop(all);
+            filled_tx.send(()).unwrap();
+            rx.recv().unwrap();
+        });
+        filled_rx.recv().unwrap();
+        let mine: Vec<_> = std::iter::from_fn(|| pool.pop()).collect();
+        assert_eq!(mine.len(), 8, "pops failed while objects were free");
+        tx.send(()).unwrap();
+    });
 }
 
 /// Every object is held by at most one thread at a time and none is lost:
@@ -93,7 +119,7 @@ fn objects_move_between_threads() {
 fn stress_no_loss_no_duplication() {
     const OBJS: usize = 16;
     let pool = ObjPool::builder()
-        .rings(2)
+        .thread_cache(4)
         .build(OBJS, |i| (i, 0usize))
         .unwrap();
     let held_flags: Vec<AtomicBool> = (0..OBJS).map(|_| AtomicBool::new(false)).collect();
@@ -104,8 +130,9 @@ fn stress_no_loss_no_duplication() {
             s.spawn(move || {
                 let mut mine = Vec::with_capacity(8);
                 for i in 0..N {
-                    // Hold a varying number of objects so that rings drain,
-                    // threads steal, and the pool sometimes runs dry.
+                    // Hold a varying number of objects so that magazines
+                    // drain and overflow, threads steal, and the pool
+                    // sometimes runs dry.
                     let want = 1 + (i * 7 + t) % 6;
                     while mine.len() < want {
                         match pool.pop() {
@@ -166,7 +193,7 @@ fn tracked_pool(n: usize) -> (ObjPool<Tracked>, Arc<Vec<AtomicUsize>>) {
     let drops: Arc<Vec<AtomicUsize>> = Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
     let d = drops.clone();
     let pool = ObjPool::builder()
-        .rings(2)
+        .thread_cache(2)
         .build(n, move |id| Tracked {
             id,
             drops: d.clone(),

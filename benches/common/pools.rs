@@ -126,7 +126,7 @@ pub const KRETPROBE: &[(Pattern, &str, &str)] = &[
     (
         Pattern::ObjPool,
         "fprobe::ObjPool",
-        "per-thread rings, steal from others when empty",
+        "per-thread magazines, lock-free depot, steal when empty",
     ),
     (
         Pattern::Treiber,

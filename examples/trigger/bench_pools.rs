@@ -67,8 +67,7 @@ fn run(cfg: &Config, bench: &'static str, cases: &[(Pattern, &'static str, &str)
     let (objpool, retinst) = pools.nmissed();
     let missed = if bench == "objpool" { objpool } else { retinst };
     println!(
-        "{}: {missed} calls found no instance (not counted above; a pool misses while its \
-         objects sit behind a pusher preempted mid-push)\n",
+        "{}: {missed} calls found no instance (not counted above)\n",
         cases[0].1
     );
     rows

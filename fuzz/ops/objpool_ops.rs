@@ -4,12 +4,14 @@
 //!
 //! The model is the set of objects the test holds and the last value written
 //! to each object. Checked at every step: a pop succeeds exactly when some
-//! object is free (one thread, no pusher preempted: the Consistency section's
-//! one exception cannot happen), never hands out an object that is held,
+//! object is free (no other thread is inside the pool at that moment, so the
+//! Consistency section's bound is 0: objects in the magazines of exited or
+//! idle threads are stolen), never hands out an object that is held,
 //! returns the value last written to it, and counts every failed pop in
-//! `nmissed`. Objects are popped and dropped on other threads too (other
-//! rings), and the pool may be dropped while objects are outstanding; at the
-//! end every object has been dropped exactly once (drop counters).
+//! `nmissed`. Objects are popped and dropped on other threads too (their own
+//! magazines, kept after they exit), and the pool may be dropped while
+//! objects are outstanding; at the end every object has been dropped exactly
+//! once (drop counters).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,13 +25,14 @@ use fprobe::objpool::{ObjPoolError, PoolObj};
 pub enum Op {
     /// Pop on the test thread.
     Pop,
-    /// Pop on a fresh thread (another ring slot) and bring the object back.
+    /// Pop on a fresh thread (its own magazine) and bring the object back.
     PopOnOtherThread,
     /// Write `value` into the `nth` held object.
     Write { nth: u8, value: u32 },
-    /// Drop the `nth` held object on the test thread (push to its ring).
+    /// Drop the `nth` held object on the test thread (push to its magazine).
     Push { nth: u8 },
-    /// Drop the `nth` held object on a fresh thread (push to another ring).
+    /// Drop the `nth` held object on a fresh thread (push to its magazine,
+    /// which keeps the object after the thread exits).
     PushOnOtherThread { nth: u8 },
     /// Drop the pool itself; held objects stay usable.
     DropPool,
@@ -88,8 +91,9 @@ fn pop_checked(
     }
 }
 
-/// Runs `ops` on a pool of `nr_objs` objects over `rings` rings.
-pub fn run(nr_objs: usize, rings: usize, ops: &[Op]) {
+/// Runs `ops` on a pool of `nr_objs` objects with magazines of
+/// `thread_cache` objects.
+pub fn run(nr_objs: usize, thread_cache: usize, ops: &[Op]) {
     assert_eq!(
         ObjPool::builder().build(0, |_| ()).unwrap_err(),
         ObjPoolError::NoObjects
@@ -99,7 +103,7 @@ pub fn run(nr_objs: usize, rings: usize, ops: &[Op]) {
     let d = drops.clone();
     let mut pool = Some(
         ObjPool::builder()
-            .rings(rings)
+            .thread_cache(thread_cache)
             .build(nr_objs, move |id| Tracked {
                 id,
                 value: 0,
@@ -107,7 +111,7 @@ pub fn run(nr_objs: usize, rings: usize, ops: &[Op]) {
             })
             .unwrap(),
     );
-    assert_eq!(pool.as_ref().unwrap().rings(), rings.next_power_of_two());
+    assert_eq!(pool.as_ref().unwrap().thread_cache(), thread_cache);
     let mut m = Model {
         values: vec![0; nr_objs],
         nmissed: 0,
@@ -190,7 +194,7 @@ pub fn run(nr_objs: usize, rings: usize, ops: &[Op]) {
 pub fn run_bytes(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let nr_objs = usize::from(u.arbitrary::<u8>().unwrap_or(0) % 48) + 1;
-    let rings = usize::from(u.arbitrary::<u8>().unwrap_or(0) % 8) + 1;
+    let thread_cache = usize::from(u.arbitrary::<u8>().unwrap_or(0) % 10);
     let mut ops = Vec::new();
     while !u.is_empty() {
         match Op::arbitrary(&mut u) {
@@ -198,5 +202,5 @@ pub fn run_bytes(data: &[u8]) {
             Err(_) => break,
         }
     }
-    run(nr_objs, rings, &ops);
+    run(nr_objs, thread_cache, &ops);
 }

@@ -1,49 +1,52 @@
-//! `objpool`: a fixed-capacity pool of preallocated objects with one ring
-//! per thread slot, the userspace counterpart of the kernel's `lib/objpool.c`
-//! that replaced the global freelist of kretprobe instances in 2023.
+//! `objpool`: a fixed-capacity pool of preallocated objects, the userspace
+//! counterpart of the kernel's `lib/objpool.c` (the pool of kretprobe
+//! instances), built on per-thread magazines in front of a shared depot
+//! (Bonwick's magazine layer).
 //!
 //! # Algorithm
 //!
-//! The pool preallocates `nr_objs` objects and spreads their indices over
-//! `rings` rings (a power of two; default: the number of CPUs rounded up).
-//! Every ring can hold all `nr_objs` objects (`cap = next_pow2(nr_objs)`),
-//! so a push can never fail.
+//! The pool preallocates `nr_objs` objects. Each free object's index is in
+//! exactly one place:
 //!
-//! * [`ObjPool::pop`] tries the calling thread's ring, then *steals* from
-//!   the other rings in order; when every ring is empty it returns `None`
-//!   and counts a miss. It never blocks and never allocates.
-//! * Dropping the returned [`PoolObj`] pushes the object back to the ring of
-//!   the thread that drops it (which may differ from the one that popped).
+//! * a **magazine**: a small stack (at most
+//!   [`thread_cache`](ObjPoolBuilder::thread_cache) indices) that belongs
+//!   to one thread and that its owner uses with plain loads and stores, no
+//!   atomic read-modify-write and no fence (`objpool/magazine.rs`);
+//! * the **depot**: a lock-free stack shared by all threads, which
+//!   magazines refill from and flush to in batches of half their capacity,
+//!   one CAS per batch (`objpool/depot.rs`).
 //!
-//! In the steady state each thread pops from and pushes to its own ring, so
-//! rings are uncontended and throughput scales with threads (seed 000:
-//! 159× the Treiber freelist at 128 threads in the kernel).
+//! [`ObjPool::pop`] takes from the caller's magazine; when it is empty,
+//! refills it from the depot; when the depot is empty too, *steals* half
+//! of another thread's magazine. Dropping the returned [`PoolObj`] pushes
+//! the object into the magazine of the thread that drops it (which may
+//! differ from the one that popped), flushing half of it to the depot when
+//! it is full. Pop and push never block and never allocate (after the
+//! thread's first use of the pool, which allocates its magazine).
 //!
-//! **Preemption and migration.** The kernel disables interrupts so that a
-//! ring has one producer at a time; userspace cannot, and any thread may
-//! push to any ring (a thread can be preempted in the middle of an
-//! operation, and several threads share a ring slot). Each ring is therefore
-//! a full multi-producer multi-consumer ring whose entries carry a sequence
-//! number (Vyukov's idea) so that a pusher preempted between reserving a
-//! position and writing it can never let a popper see an unwritten entry;
-//! the protocol and its invariants are in `objpool/ring.rs`.
+//! In the steady state a thread pops and pushes in its own magazine, which
+//! no other thread touches, so pops and pushes scale with threads and cost
+//! a thread-local load and a few plain accesses of one cache line.
 //!
-//! **Choosing the local ring.** A thread's ring is `slot & (rings - 1)`,
-//! where `slot` is a process-wide number handed out round-robin the first
-//! time the thread touches any pool (one thread-local load afterwards, about
-//! 0.3 ns). `sched_getcpu()` would follow the thread across CPUs, but costs
-//! 1–2.5 ns per call on a fast host (REFERENCE §3) and measured 3–9 ns on
-//! the 2-vCPU machine of `BENCHMARKS-objpool.md` (the benchmark prints it),
-//! twice per pop/push pair, against 8–10 ns for the whole pair; and with a
-//! ring per thread slot the common case (threads ≤ rings) has no sharing at
-//! all. When more threads than rings run, threads share rings; that is
-//! correct, only slower.
+//! **Stealing.** The owner of a magazine pays nothing for being stealable:
+//! it marks its sections with a flag of its own and checks the magazine's
+//! claim word after a compiler fence; a stealer claims the magazine with a
+//! CAS and runs `membarrier(2)` (the asymmetric fence of the crate's RCU),
+//! after which either it sees the owner inside a section and backs off, or
+//! the owner sees the claim and uses the depot instead. A stealer never
+//! waits for a preempted owner, and an owner never waits for a stealer.
+//!
+//! **Preemption, migration, exit.** Magazines belong to threads, not CPUs,
+//! so preemption and migration change nothing. The magazine of a thread
+//! that exits keeps its objects; any popper can steal them, and the next
+//! thread given the exited thread's index (see `per_thread.rs`) takes the
+//! magazine over.
 //!
 //! **Lifetime.** The pool can be dropped while objects are outstanding, as
-//! with the kernel's `objpool_fini`: the objects in the rings are dropped at
-//! once, each outstanding one when its [`PoolObj`] is dropped, and the last
-//! one frees the memory (reference count `nr_objs + 1`, never touched by
-//! pop or push; see `objpool/raw.rs`).
+//! with the kernel's `objpool_fini`: the free objects are dropped at once,
+//! each outstanding one when its [`PoolObj`] is dropped, and the last one
+//! frees the memory (reference count `nr_objs + 1`, never touched by pop
+//! or push; see `objpool/raw.rs`).
 //!
 //! # Usage
 //!
@@ -55,7 +58,7 @@
 //!
 //! let mut buf = pool.pop().expect("the pool has free objects");
 //! buf[0] = 42;
-//! drop(buf); // back into this thread's ring
+//! drop(buf); // back into this thread's magazine
 //!
 //! // Exhaustion is a value, never a wait.
 //! let all: Vec<_> = std::iter::from_fn(|| pool.pop()).collect();
@@ -67,42 +70,56 @@
 //! # Consistency
 //!
 //! Everything a thread wrote to an object before dropping its [`PoolObj`]
-//! is visible to the thread that pops the object next (the push's `Release`
-//! store pairs with the pop's `Acquire` load). An object is held by at most
-//! one [`PoolObj`] at a time and never lost: it is in exactly one ring or
-//! one handle.
+//! is visible to the thread that pops the object next (through the depot's
+//! Release CAS and Acquire load, or the magazine handshake's Release and
+//! Acquire, or program order within one thread). An object is held by at
+//! most one [`PoolObj`] at a time and never lost.
 //!
-//! A pop may return `None` while objects remain, in one case only: every
-//! ring that still holds objects has, at its head, a position whose pusher
-//! was preempted between reserving and publishing it. The pop does not wait
-//! for that thread; the objects become available when it runs again.
+//! **When a pop returns `None`.** Only when every free object is in a
+//! magazine whose thread is, at that moment, itself inside a pop or push
+//! of this pool: an owner inside its section (preempted there, or
+//! interrupted by a signal handler), or another popper stealing from it.
+//! So at most `k = c × t` free objects can be missed, where `c` is
+//! [`ObjPool::thread_cache`] and `t` the number of threads inside a pop or
+//! push of the pool at that instant (for a single-threaded program, or
+//! whenever no other thread is inside the pool, `k = 0`: a pop fails only
+//! when every object is held). Objects in the depot are never missed: a
+//! thread preempted in the middle of a depot operation has changed nothing
+//! shared.
 //!
 //! # Execution context
 //!
 //! | operation | blocks? | allocates? | async-signal-safe? |
 //! |---|---|---|---|
-//! | [`ObjPool::pop`] | never (lock-free: one CAS per ring tried) | no | yes, when `T`'s use is |
-//! | [`PoolObj`] drop (push) | never (wait-free: one `fetch_add`, one store) | no | yes, while the pool lives |
+//! | [`ObjPool::pop`] | never (a steal runs `membarrier(2)`, a system call) | the thread's first use only | yes, after the thread's first use or [`ObjPool::prepare_thread`], when `T`'s use is |
+//! | [`PoolObj`] drop (push) | never | the thread's first use only | as for pop, while the pool lives |
 //! | [`PoolObj`] drop after the pool was dropped | never | frees, if it is the last object | no |
-//! | [`ObjPool`] drop | waits only for pushes already in flight | frees | no |
+//! | [`ObjPool`] drop | waits only for pops and pushes in flight on other threads | frees | no |
 //! | [`ObjPool::new`], [`ObjPoolBuilder::build`] | never | yes | no |
 //!
-//! The first pop or push on a thread reads a process-wide counter (one
-//! `fetch_add`) to assign the thread's slot. Dropping the pool from a
-//! signal handler that interrupted a push on the same thread would wait
-//! forever for that push: don't.
+//! A signal handler that pops or pushes while its thread is inside a pop
+//! or push of the same pool leaves the thread's magazine alone and uses
+//! the depot. Dropping the pool from a signal handler that interrupted a
+//! pop or push on the same thread would wait forever for it: don't. For
+//! the same reason, a child of `fork(2)` must not drop a pool that another
+//! thread of the parent was popping from or pushing to at the fork (that
+//! thread does not exist in the child and never ends its operation); pops
+//! and pushes in the child work, without the objects of that thread's
+//! magazine.
 //!
 //! # Performance
 //!
-//! A pop/push pair costs two atomic read-modify-writes on the thread's own
-//! ring (a CAS on `head`, a `fetch_add` on `tail`) and scales with threads
-//! while each has its own ring. glibc's `malloc`/`free` of a small object is
-//! itself a per-thread cache (tcache); see `BENCHMARKS-objpool.md` for the
-//! honest comparison against it, a Treiber freelist, `Mutex<Vec>` and
-//! crossbeam's `ArrayQueue`.
+//! A pop/push pair in the thread's own magazine costs one thread-local
+//! load to find it (a one-entry cache per thread) and plain loads and
+//! stores of one cache line; a refill or flush adds one CAS per half
+//! magazine, a steal one `membarrier(2)`. BENCHMARKS.md, section
+//! "Object pool", compares it with glibc's `malloc`/`free` (itself a
+//! per-thread cache), a Treiber freelist, `Mutex<Vec>` and crossbeam's
+//! `ArrayQueue`, with more threads than CPUs.
 
+mod depot;
+mod magazine;
 mod raw;
-mod ring;
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -114,17 +131,18 @@ pub(crate) use raw::RawPool;
 /// capacity must stay below `2^32`).
 pub const MAX_OBJECTS: usize = 1 << 31;
 
-/// The most rings a pool may have.
-pub const MAX_RINGS: usize = 1 << 16;
+/// The most objects a thread's magazine may hold
+/// ([`ObjPoolBuilder::thread_cache`]).
+pub const MAX_THREAD_CACHE: usize = magazine::MAX_MAGAZINE;
 
-/// A fixed-capacity pool of preallocated objects with per-thread-slot rings.
+/// A fixed-capacity pool of preallocated objects with per-thread magazines.
 ///
 /// See the [module docs](self) for the algorithm and its guarantees.
 ///
 /// # Examples
 ///
 /// ```
-/// let pool = fprobe::ObjPool::builder().rings(4).build(8, |i| i).unwrap();
+/// let pool = fprobe::ObjPool::builder().thread_cache(4).build(8, |i| i).unwrap();
 /// let obj = pool.pop().unwrap();
 /// assert!(*obj < 8);
 /// ```
@@ -141,15 +159,15 @@ unsafe impl<T: Send> Sync for ObjPool<T> {}
 unsafe impl<T: Send> Send for ObjPool<T> {}
 
 impl ObjPool<()> {
-    /// A builder to choose the number of rings (on `ObjPool<()>` so that
+    /// A builder to choose the magazine size (on `ObjPool<()>` so that
     /// `ObjPool::builder()` needs no type annotation, as papaya does; the
     /// object type comes from [`ObjPoolBuilder::build`]).
     ///
     /// # Examples
     ///
     /// ```
-    /// let pool = fprobe::ObjPool::builder().rings(2).build(16, |_| 0u64).unwrap();
-    /// assert_eq!(pool.rings(), 2);
+    /// let pool = fprobe::ObjPool::builder().thread_cache(2).build(16, |_| 0u64).unwrap();
+    /// assert_eq!(pool.thread_cache(), 2);
     /// ```
     pub fn builder() -> ObjPoolBuilder {
         ObjPoolBuilder::default()
@@ -158,7 +176,7 @@ impl ObjPool<()> {
 
 impl<T: Send> ObjPool<T> {
     /// Creates a pool of `nr_objs` objects, object `i` made by `init(i)`,
-    /// with the default number of rings (see [`ObjPoolBuilder::rings`]).
+    /// with the default magazine size (see [`ObjPoolBuilder::thread_cache`]).
     ///
     /// # Panics
     ///
@@ -178,9 +196,11 @@ impl<T: Send> ObjPool<T> {
         }
     }
 
-    /// Takes an object: from the calling thread's ring, else stolen from
-    /// another ring; `None` when the pool is exhausted (counted in
-    /// [`nmissed`](Self::nmissed)). Never blocks, never allocates.
+    /// Takes an object: from the calling thread's magazine, else the depot,
+    /// else stolen from another thread's magazine; `None` when no free
+    /// object could be taken (counted in [`nmissed`](Self::nmissed); the
+    /// module docs bound when that happens while objects are free). Never
+    /// blocks, never allocates after the thread's first use of the pool.
     ///
     /// The object comes back to the pool when the [`PoolObj`] drops.
     ///
@@ -215,19 +235,35 @@ impl<T: Send> ObjPool<T> {
         self.raw_ref().nr_objs()
     }
 
-    /// Number of rings.
+    /// Capacity of each thread's magazine ([`ObjPoolBuilder::thread_cache`]).
     ///
     /// # Examples
     ///
     /// ```
-    /// let pool = fprobe::ObjPool::new(3, |_| ());
-    /// assert!(pool.rings().is_power_of_two());
+    /// let pool = fprobe::ObjPool::builder().thread_cache(8).build(64, |_| ()).unwrap();
+    /// assert_eq!(pool.thread_cache(), 8);
     /// ```
-    pub fn rings(&self) -> usize {
-        self.raw_ref().nr_rings()
+    pub fn thread_cache(&self) -> usize {
+        self.raw_ref().magazine_capacity()
     }
 
-    /// Number of pops that found the pool exhausted.
+    /// Makes the calling thread's magazine now, so that its later pops and
+    /// pushes on this pool never allocate and are async-signal-safe: call
+    /// it before a signal handler on this thread may use the pool.
+    /// Idempotent.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = fprobe::ObjPool::new(8, |_| 0u8);
+    /// pool.prepare_thread();
+    /// assert!(pool.pop().is_some());
+    /// ```
+    pub fn prepare_thread(&self) {
+        self.raw_ref().prepare_thread();
+    }
+
+    /// Number of pops that returned `None`.
     ///
     /// # Examples
     ///
@@ -272,7 +308,7 @@ impl<T: Send> fmt::Debug for ObjPool<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ObjPool")
             .field("capacity", &self.capacity())
-            .field("rings", &self.rings())
+            .field("thread_cache", &self.thread_cache())
             .field("nmissed", &self.nmissed())
             .finish()
     }
@@ -362,7 +398,7 @@ impl<T: Send + fmt::Debug> fmt::Debug for PoolObj<T> {
 ///
 /// | setting | default |
 /// |---|---|
-/// | [`rings`](Self::rings) | `std::thread::available_parallelism()` (1 if unknown), rounded up to a power of two |
+/// | [`thread_cache`](Self::thread_cache) | `nr_objs / 16`, between 1 and 32 |
 ///
 /// # Examples
 ///
@@ -373,35 +409,40 @@ impl<T: Send + fmt::Debug> fmt::Debug for PoolObj<T> {
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct ObjPoolBuilder {
-    rings: Option<usize>,
+    thread_cache: Option<usize>,
 }
 
 impl ObjPoolBuilder {
-    /// Number of rings (rounded up to a power of two). One per CPU, the
-    /// default, suits threads that come and go; one per long-lived worker
-    /// thread removes all sharing.
+    /// The most free objects each thread's magazine holds, up to
+    /// [`MAX_THREAD_CACHE`]; 0 turns magazines off (every pop and push
+    /// goes to the shared depot). Larger magazines go to the depot less
+    /// often; smaller ones leave more objects to other threads (see the
+    /// bound in the module docs). The default, a sixteenth of the objects
+    /// between 1 and 32, keeps at least half the pool in the depot with up
+    /// to 8 threads.
     ///
     /// # Examples
     ///
     /// ```
-    /// let pool = fprobe::ObjPool::builder().rings(3).build(4, |_| ()).unwrap();
-    /// assert_eq!(pool.rings(), 4);
+    /// let pool = fprobe::ObjPool::builder().thread_cache(0).build(4, |_| ()).unwrap();
+    /// assert_eq!(pool.thread_cache(), 0);
     /// ```
-    pub fn rings(mut self, rings: usize) -> Self {
-        self.rings = Some(rings);
+    pub fn thread_cache(mut self, objects: usize) -> Self {
+        self.thread_cache = Some(objects);
         self
     }
 
     /// Builds a pool of `nr_objs` objects, object `i` made by `init(i)`.
     ///
-    /// Allocates the objects and `rings × next_pow2(nr_objs)` ring entries
-    /// of 8 bytes.
+    /// Allocates the objects and 4 bytes of depot link per object; each
+    /// thread's magazine (384 bytes) is allocated on its first use.
     ///
     /// # Errors
     ///
     /// [`ObjPoolError::NoObjects`] when `nr_objs` is 0,
     /// [`ObjPoolError::TooManyObjects`] above [`MAX_OBJECTS`],
-    /// [`ObjPoolError::BadRings`] when `rings` is 0 or above [`MAX_RINGS`].
+    /// [`ObjPoolError::ThreadCacheTooLarge`] when `thread_cache` is above
+    /// [`MAX_THREAD_CACHE`].
     ///
     /// # Examples
     ///
@@ -420,13 +461,13 @@ impl ObjPoolBuilder {
         if nr_objs > MAX_OBJECTS {
             return Err(ObjPoolError::TooManyObjects);
         }
-        let rings = match self.rings {
-            Some(r) if r == 0 || r > MAX_RINGS => return Err(ObjPoolError::BadRings),
-            Some(r) => r,
-            None => std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_RINGS)),
+        let thread_cache = match self.thread_cache {
+            Some(c) if c > MAX_THREAD_CACHE => return Err(ObjPoolError::ThreadCacheTooLarge),
+            Some(c) => c,
+            None => (nr_objs / 16).clamp(1, 32),
         };
         Ok(ObjPool {
-            raw: RawPool::new(nr_objs, rings.next_power_of_two(), init),
+            raw: RawPool::new(nr_objs, thread_cache, init),
             _owns: PhantomData,
         })
     }
@@ -440,8 +481,8 @@ pub enum ObjPoolError {
     NoObjects,
     /// More than [`MAX_OBJECTS`] objects were asked for.
     TooManyObjects,
-    /// The ring count was 0 or above [`MAX_RINGS`].
-    BadRings,
+    /// The magazine size was above [`MAX_THREAD_CACHE`].
+    ThreadCacheTooLarge,
 }
 
 impl fmt::Display for ObjPoolError {
@@ -449,51 +490,9 @@ impl fmt::Display for ObjPoolError {
         f.write_str(match self {
             Self::NoObjects => "an object pool needs at least one object",
             Self::TooManyObjects => "too many objects for an object pool (at most 2^31)",
-            Self::BadRings => "an object pool needs between 1 and 65536 rings",
+            Self::ThreadCacheTooLarge => "an object pool's thread cache holds at most 64 objects",
         })
     }
 }
 
 impl std::error::Error for ObjPoolError {}
-
-/// The calling thread's ring slot (before masking with `rings - 1`).
-#[cfg(not(loom))]
-#[inline(always)]
-fn local_ring() -> usize {
-    use std::cell::Cell;
-
-    /// Next slot to hand out; process-wide so that consecutive threads get
-    /// different rings in every pool.
-    static NEXT_SLOT: crate::sync::AtomicUsize = crate::sync::AtomicUsize::new(0);
-
-    std::thread_local! {
-        /// This thread's slot, `usize::MAX` before the first use.
-        static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
-    }
-
-    #[cold]
-    fn assign(slot: &Cell<usize>) -> usize {
-        // Relaxed: only uniqueness-ish spreading matters, not ordering.
-        let s = NEXT_SLOT.fetch_add(1, crate::sync::Ordering::Relaxed) & (usize::MAX >> 1);
-        slot.set(s);
-        s
-    }
-
-    // During thread-local destruction `SLOT` may be gone; any ring is
-    // correct, ring 0 is as good as another.
-    SLOT.try_with(|slot| match slot.get() {
-        usize::MAX => assign(slot),
-        s => s,
-    })
-    .unwrap_or(0)
-}
-
-/// Under loom, threads are numbered by the model: thread `n` uses ring `n`.
-#[cfg(loom)]
-fn local_ring() -> usize {
-    let id = format!("{:?}", loom::thread::current().id());
-    id.trim_start_matches("ThreadId(")
-        .trim_end_matches(')')
-        .parse()
-        .unwrap_or(0)
-}

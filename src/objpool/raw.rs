@@ -1,87 +1,102 @@
-//! The pool's memory: preallocated objects, the rings, and the reference
-//! count that lets the last outstanding object free everything.
+//! The pool's memory: preallocated objects, the depot and the magazines
+//! that move their indices, and the reference count that lets the last
+//! outstanding object free everything.
 //!
-//! [`RawPool`] owns `nr_objs` objects in one boxed slice and moves their
-//! indices through one [`Ring`] per ring slot. It is reached through a raw
-//! pointer because the pool handle and every outstanding object share it
-//! without a per-object reference-count update (the kernel's objpool does
-//! the same: `ref = nr_objs + 1` from the start).
+//! [`RawPool`] owns `nr_objs` objects in one boxed slice. It is reached
+//! through a raw pointer because the pool handle and every outstanding
+//! object share it without a per-object reference-count update (the
+//! kernel's objpool does the same: `ref = nr_objs + 1` from the start).
+//!
+//! # Where a free object is
+//!
+//! Every free object is in exactly one place: the depot
+//! (`objpool/depot.rs`) or one magazine (`objpool/magazine.rs`). A pop
+//! takes from the caller's magazine, refilling it from the depot with a
+//! batch of half its capacity when it is empty; then from the depot alone;
+//! then by *stealing* half of another magazine's objects. A push puts the
+//! object into the caller's magazine, flushing half of it to the depot
+//! (one CAS) when it is full; when the caller cannot use its magazine (a
+//! signal handler interrupted its own section, the magazine is being
+//! stolen from, the thread is exiting) the object goes to the depot.
 //!
 //! # Lifetime
 //!
 //! * `refs` starts at `nr_objs + 1`: one per object plus one for the
 //!   [`ObjPool`](super::ObjPool) handle. Pops and pushes never touch it.
-//! * [`RawPool::fini`] (the handle's drop) runs [`Ring::drain_dead`] on
-//!   every ring: each object found there is dropped and releases its
-//!   reference; then the handle's reference is released.
-//! * An outstanding object whose push finds the ring dead is dropped by the
-//!   pusher, which releases its reference.
+//! * [`RawPool::fini`] (the handle's drop) sets `dead`, runs the heavy
+//!   barrier of the magazine handshake, waits for every section in flight
+//!   to end, and then drops the objects of every magazine and of the depot
+//!   (marking it dead); each dropped object releases its reference, then
+//!   the handle's reference is released.
+//! * A push that comes later finds `dead` in its section's handshake and
+//!   goes to the depot, finds it dead, drops the object itself and
+//!   releases its reference.
 //! * Whoever releases the last reference frees the allocation. Each object
-//!   is dropped exactly once: it is either in a ring when `drain_dead`
-//!   passes (dropped there) or pushed after the `DEAD` mark (dropped by
-//!   its pusher); `drain_dead` waits for pushes reserved before the mark.
+//!   is dropped exactly once: it is in a magazine or the depot when `fini`
+//!   passes (dropped there), or pushed afterwards (dropped by its pusher).
 
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 
-use super::ring::Ring;
-use crate::sync::{AtomicU64, AtomicUsize, CachePadded, Ordering, UnsafeCell, fence};
+use super::depot::{Dead, Depot, EMPTY};
+use super::magazine::{MAX_MAGAZINE, Magazine, Magazines};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, CachePadded, Ordering, UnsafeCell, fence};
 
-/// Objects, rings and counters of one pool.
+/// Objects, depot, magazines and counters of one pool.
 pub(crate) struct RawPool<T> {
-    /// One ring per slot; `rings.len()` is a power of two.
-    rings: Box<[CachePadded<Ring>]>,
-    /// `rings.len() - 1`.
-    ring_mask: usize,
+    /// Capacity of each magazine, `1..=MAX_MAGAZINE`, or 0: no magazines.
+    mag_cap: usize,
+    /// Whether the magazine handshake uses asymmetric fences (module docs
+    /// of `magazine.rs`); fixed for the process.
+    asymmetric: bool,
+    /// Set once by `fini`: sections back off and pushes go to the depot.
+    dead: AtomicBool,
+    /// Free objects no magazine holds.
+    depot: Depot,
+    /// One per thread that used the pool.
+    magazines: Magazines,
     /// The objects.
     ///
     /// Invariant: object `i` is initialised until the one `drop_obj(i)`;
-    /// at any time its index is in at most one ring or owned by at most
+    /// at any time its index is in the depot or one magazine, or owned by
     /// one holder (a `PoolObj`, or a crate-internal user such as retinst).
     objs: Box<[UnsafeCell<MaybeUninit<T>>]>,
     /// Objects not yet dropped, plus one while the pool handle lives.
     refs: AtomicUsize,
-    /// Pops that found every ring empty.
+    /// Pops that found no free object they could take.
     nmissed: CachePadded<AtomicU64>,
 }
 
-// SAFETY: the raw pool hands each object to one thread at a time (the ring
-// protocol transfers ownership with Release/Acquire), so sharing it between
-// threads moves `T` values between threads: `T: Send` suffices. No `&T` is
-// ever given to two threads by the pool itself.
+// SAFETY: the raw pool hands each object to one thread at a time (the
+// depot and the magazine handshake transfer ownership with Release/Acquire),
+// so sharing it between threads moves `T` values between threads: `T: Send`
+// suffices. No `&T` is ever given to two threads by the pool itself.
 unsafe impl<T: Send> Sync for RawPool<T> {}
 // SAFETY: as above; the last reference may be released, and the objects
 // dropped, on any thread.
 unsafe impl<T: Send> Send for RawPool<T> {}
 
 impl<T> RawPool<T> {
-    /// Allocates a pool of `nr_objs` objects made by `init(i)`, spread over
-    /// `nr_rings` rings in contiguous blocks (as the kernel gives each CPU
-    /// its own objects): threads on different rings then touch different
-    /// cache lines, rather than neighbouring objects.
+    /// Allocates a pool of `nr_objs` objects made by `init(i)`, all in the
+    /// depot, with magazines of `mag_cap` objects (0: none).
     ///
-    /// `nr_rings` must be a power of two, `nr_objs` at most `2^31`.
+    /// `nr_objs` must be in `1..=MAX_OBJECTS`, `mag_cap` at most
+    /// `MAX_MAGAZINE`.
     pub(crate) fn new(
         nr_objs: usize,
-        nr_rings: usize,
+        mag_cap: usize,
         mut init: impl FnMut(usize) -> T,
     ) -> NonNull<Self> {
-        debug_assert!(nr_rings.is_power_of_two() && nr_objs <= 1 << 31);
-        let cap = nr_objs.max(1).next_power_of_two();
-        let rings: Box<[CachePadded<Ring>]> =
-            (0..nr_rings).map(|_| CachePadded(Ring::new(cap))).collect();
+        debug_assert!(nr_objs > 0 && nr_objs <= super::MAX_OBJECTS && mag_cap <= MAX_MAGAZINE);
         let objs = (0..nr_objs)
             .map(|i| UnsafeCell::new(MaybeUninit::new(init(i))))
             .collect();
-        for i in 0..nr_objs {
-            // The pool is not shared yet; each ring receives at most
-            // `nr_objs` indices, within its capacity.
-            let pushed = rings[i * nr_rings / nr_objs].push(i as u32);
-            debug_assert!(pushed.is_ok());
-        }
         let pool = Box::new(Self {
-            rings,
-            ring_mask: nr_rings - 1,
+            mag_cap,
+            asymmetric: crate::rcu::asymmetric_fences(),
+            dead: AtomicBool::new(false),
+            depot: Depot::new(nr_objs),
+            magazines: Magazines::new(),
             objs,
             refs: AtomicUsize::new(nr_objs + 1),
             nmissed: CachePadded(AtomicU64::new(0)),
@@ -94,27 +109,127 @@ impl<T> RawPool<T> {
         self.objs.len()
     }
 
-    /// Number of rings.
-    pub(crate) fn nr_rings(&self) -> usize {
-        self.rings.len()
+    /// Capacity of each thread's magazine.
+    pub(crate) fn magazine_capacity(&self) -> usize {
+        self.mag_cap
     }
 
-    /// Pops that found the pool empty.
+    /// Makes the calling thread's magazine if it has none.
+    pub(crate) fn prepare_thread(&self) {
+        if self.mag_cap != 0 {
+            let _ = self.magazines.mine();
+        }
+    }
+
+    /// Pops that found no object they could take.
     pub(crate) fn nmissed(&self) -> u64 {
         self.nmissed.load(Ordering::Relaxed)
     }
 
-    /// Pops an object index: the calling thread's ring first, then the
-    /// others in order. `None` (counted in `nmissed`) when all are empty.
+    /// The calling thread's magazine, inside a section; `None` when it has
+    /// none or cannot enter one (see `Magazine::enter`).
+    #[inline(always)]
+    fn enter_mine(&self) -> Option<&Magazine> {
+        if self.mag_cap == 0 {
+            return None;
+        }
+        let m = self.magazines.mine()?;
+        m.enter(self.asymmetric, &self.dead).then_some(m)
+    }
+
+    /// Pops an object index: from the calling thread's magazine, else the
+    /// depot, else stolen from another magazine. `None` (counted in
+    /// `nmissed`) when none of them gave one.
     #[inline]
     pub(crate) fn pop(&self) -> Option<u32> {
-        let start = super::local_ring();
-        for i in 0..self.rings.len() {
-            if let Some(index) = self.rings[(start + i) & self.ring_mask].pop() {
+        if let Some(m) = self.enter_mine() {
+            let len = m.len();
+            if len > 0 {
+                let index = m.get(len - 1);
+                m.set_len(len - 1);
+                m.exit();
                 return Some(index);
             }
+            let got = self.refill(m);
+            m.exit();
+            if got.is_some() {
+                return got;
+            }
+        }
+        self.pop_slow()
+    }
+
+    /// Refills the empty magazine `m` (inside its section) from the depot
+    /// with half its capacity and takes one object of the batch.
+    #[cold]
+    fn refill(&self, m: &Magazine) -> Option<u32> {
+        let mut batch = [0u32; MAX_MAGAZINE];
+        let n = self.depot.pop_batch(&mut batch[..self.mag_cap.div_ceil(2)]);
+        if n == 0 {
+            return None;
+        }
+        for (i, &index) in batch[1..n].iter().enumerate() {
+            m.set(i, index);
+        }
+        m.set_len(n - 1);
+        Some(batch[0])
+    }
+
+    /// The depot alone, then stealing.
+    #[cold]
+    fn pop_slow(&self) -> Option<u32> {
+        let mut one = [0u32];
+        if self.depot.pop_batch(&mut one) == 1 {
+            return Some(one[0]);
+        }
+        if let Some(index) = self.steal() {
+            return Some(index);
         }
         self.nmissed.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+
+    /// Takes half (rounded up) of the objects of the first other magazine
+    /// that holds any and can be claimed: one is returned, the rest go to
+    /// the depot for the caller's next pops.
+    #[cold]
+    fn steal(&self) -> Option<u32> {
+        if self.mag_cap == 0 {
+            return None;
+        }
+        let mine = self.magazines.mine().map(|m| m as *const Magazine);
+        for m in self.magazines.iter() {
+            if Some(m as *const Magazine) == mine || m.len() == 0 || !m.claim(self.asymmetric) {
+                continue;
+            }
+            let len = m.len();
+            if len == 0 {
+                m.release();
+                continue;
+            }
+            let keep = len / 2;
+            let index = m.get(len - 1);
+            // The rest of the taken half, as a chain for the depot.
+            let mut chain = EMPTY;
+            let mut last = EMPTY;
+            for i in keep..len - 1 {
+                let o = m.get(i);
+                if chain == EMPTY {
+                    last = o;
+                } else {
+                    self.depot.link(o, chain);
+                }
+                chain = o;
+            }
+            m.set_len(keep);
+            m.release();
+            if chain != EMPTY {
+                // The pool lives (we are popping), so the depot is not dead.
+                let pushed = self.depot.push_chain(chain, last);
+                debug_assert!(pushed.is_ok());
+            }
+            return Some(index);
+        }
         None
     }
 
@@ -127,8 +242,9 @@ impl<T> RawPool<T> {
         self.objs[index as usize].with_mut(|p| p.cast::<T>())
     }
 
-    /// Returns object `index` to the calling thread's ring; if the pool has
-    /// been torn down, drops the object and releases its reference instead.
+    /// Returns object `index` to the pool: into the calling thread's
+    /// magazine, else the depot; if the pool has been torn down, drops the
+    /// object and releases its reference instead.
     ///
     /// # Safety
     ///
@@ -139,8 +255,27 @@ impl<T> RawPool<T> {
         // SAFETY: the caller's object holds a reference, so the pool is
         // allocated until we release it below.
         let pool = unsafe { this.as_ref() };
-        let ring = &pool.rings[super::local_ring() & pool.ring_mask];
-        if ring.push(index).is_err() {
+        if let Some(m) = pool.enter_mine() {
+            let len = m.len();
+            if len < pool.mag_cap {
+                m.set(len, index);
+                m.set_len(len + 1);
+                m.exit();
+                return;
+            }
+            let flushed = pool.flush(m);
+            m.set(m.len(), index);
+            m.set_len(m.len() + 1);
+            m.exit();
+            if let Err((first, Dead)) = flushed {
+                // SAFETY: the chain's objects are ours and the pool is
+                // dead; we give up their references.
+                unsafe { Self::drop_chain(this, first) };
+            }
+            return;
+        }
+        pool.depot.link(index, EMPTY);
+        if pool.depot.push_chain(index, index).is_err() {
             // SAFETY: we own the object and the pool is dead: nobody else
             // will drop it; then we give up its reference.
             unsafe {
@@ -148,6 +283,49 @@ impl<T> RawPool<T> {
                 Self::release(this, 1);
             }
         }
+    }
+
+    /// Moves the upper half of the full magazine `m` (inside its section)
+    /// to the depot with one CAS. On a dead depot the chain is handed back
+    /// (its first index) for the caller to drop after the section.
+    #[cold]
+    fn flush(&self, m: &Magazine) -> Result<(), (u32, Dead)> {
+        let len = m.len();
+        let keep = len / 2;
+        let (first, last) = (m.get(len - 1), m.get(keep));
+        // The chain ends here, also for `drop_chain` should the depot refuse it.
+        self.depot.link(last, EMPTY);
+        for i in keep..len - 1 {
+            self.depot.link(m.get(i + 1), m.get(i));
+        }
+        m.set_len(keep);
+        // The chain runs first → … → last; `push_chain` links `last` to
+        // the depot's top.
+        self.depot.push_chain(first, last).map_err(|d| (first, d))
+    }
+
+    /// Drops the objects of a chain linked by `flush` that the depot
+    /// refused, and releases their references.
+    ///
+    /// # Safety
+    ///
+    /// The caller owns the chain's objects, the pool is dead, and the
+    /// caller's references (one per object) are given up.
+    #[cold]
+    unsafe fn drop_chain(this: NonNull<Self>, first: u32) {
+        // SAFETY: the chain's objects keep the pool allocated.
+        let pool = unsafe { this.as_ref() };
+        let mut n = 0;
+        let mut i = first;
+        while i != EMPTY {
+            let below = pool.depot.next_of(i);
+            // SAFETY: ours (caller), dropped once.
+            unsafe { pool.drop_obj(i) };
+            n += 1;
+            i = below;
+        }
+        // SAFETY: one reference per dropped object.
+        unsafe { Self::release(this, n) };
     }
 
     /// Drops object `index` in place.
@@ -189,9 +367,9 @@ impl<T> RawPool<T> {
         }
     }
 
-    /// Tears the pool down for the handle's drop: drops every object that
-    /// is in a ring, now or once in-flight pushes publish, and releases the
-    /// handle's reference.
+    /// Tears the pool down for the handle's drop: drops every object in a
+    /// magazine or the depot, once the sections in flight have ended, and
+    /// releases the handle's reference.
     ///
     /// # Safety
     ///
@@ -200,15 +378,29 @@ impl<T> RawPool<T> {
     pub(crate) unsafe fn fini(this: NonNull<Self>) {
         // SAFETY: the handle's reference keeps the pool allocated.
         let pool = unsafe { this.as_ref() };
+        // Relaxed: ordered before the sections' loads of `dead` by the
+        // heavy barrier (store buffering, `magazine.rs`).
+        pool.dead.store(true, Ordering::Relaxed);
+        crate::rcu::heavy_barrier(pool.asymmetric);
         let mut drained = 0;
-        for ring in pool.rings.iter() {
-            ring.drain_dead(|index| {
-                // SAFETY: drained indices are owned by nobody else (ring
-                // protocol), and the ring is dead so they never return.
-                unsafe { pool.drop_obj(index) };
+        for m in pool.magazines.iter() {
+            // Sections that began before the barrier end; later ones see
+            // `dead` and leave the magazine alone.
+            m.wait_idle();
+            for i in 0..m.len() {
+                // SAFETY: the magazine's objects are owned by nobody else
+                // and never return to it.
+                unsafe { pool.drop_obj(m.get(i)) };
                 drained += 1;
-            });
+            }
+            m.set_len(0);
         }
+        pool.depot.drain_dead(|index| {
+            // SAFETY: drained indices are owned by nobody else, and the
+            // depot is dead so they never return.
+            unsafe { pool.drop_obj(index) };
+            drained += 1;
+        });
         // SAFETY: one reference per drained object plus the handle's.
         unsafe { Self::release(this, drained + 1) };
     }

@@ -163,6 +163,37 @@ fn init() {
 #[cfg(loom)]
 fn init() {}
 
+/// Whether the process-wide domain uses asymmetric fences (compiler fence
+/// on the fast side, `membarrier(2)` on the slow side); initialises the
+/// domain. Other store-buffering handshakes of the crate (the object pool's
+/// per-thread caches) follow the same mode, so that one registration and
+/// one fallback serve the whole crate.
+#[cfg(not(loom))]
+pub(crate) fn asymmetric_fences() -> bool {
+    init();
+    DOMAIN.mode() == FenceMode::Asymmetric
+}
+
+/// Under loom there is no `membarrier(2)`: symmetric fences.
+#[cfg(loom)]
+pub(crate) fn asymmetric_fences() -> bool {
+    false
+}
+
+/// The slow side of a store-buffering handshake whose fast side ran a
+/// compiler fence (`asymmetric`, as [`asymmetric_fences`] returned) or a
+/// `SeqCst` fence: `membarrier(2)`, which runs a full fence on every CPU
+/// that runs a thread of the process, or a `SeqCst` fence.
+pub(crate) fn heavy_barrier(asymmetric: bool) {
+    #[cfg(not(any(loom, miri)))]
+    if asymmetric {
+        membarrier::barrier();
+        return;
+    }
+    let _ = asymmetric;
+    crate::sync::fence(crate::sync::Ordering::SeqCst);
+}
+
 #[cfg(not(any(loom, miri)))]
 fn install_fork_handler() {
     extern "C" fn child() {

@@ -278,7 +278,7 @@ impl fmt::Debug for RetInstPool {
 /// | [`instances`](Self::instances) | 1024 |
 /// | [`data_size`](Self::data_size) | 64 bytes |
 /// | [`max_depth`](Self::max_depth) | 64 (uprobes' `MAX_URETPROBE_DEPTH`) |
-/// | [`rings`](Self::rings) | as [`ObjPoolBuilder::rings`] |
+/// | [`thread_cache`](Self::thread_cache) | as [`ObjPoolBuilder::thread_cache`] |
 ///
 /// # Examples
 ///
@@ -350,16 +350,17 @@ impl RetInstPoolBuilder {
         self
     }
 
-    /// Rings of the underlying object pool.
+    /// Magazine size of the underlying object pool
+    /// ([`ObjPoolBuilder::thread_cache`]).
     ///
     /// # Examples
     ///
     /// ```
-    /// let p = fprobe::retinst::RetInstPool::builder().rings(1).build().unwrap();
+    /// let p = fprobe::retinst::RetInstPool::builder().thread_cache(1).build().unwrap();
     /// # drop(p);
     /// ```
-    pub fn rings(mut self, rings: usize) -> Self {
-        self.pool = self.pool.rings(rings);
+    pub fn thread_cache(mut self, objects: usize) -> Self {
+        self.pool = self.pool.thread_cache(objects);
         self
     }
 
@@ -367,7 +368,7 @@ impl RetInstPoolBuilder {
     ///
     /// # Errors
     ///
-    /// As [`ObjPoolBuilder::build`] for the instance count and rings.
+    /// As [`ObjPoolBuilder::build`] for the instance count and magazine size.
     ///
     /// # Examples
     ///
