@@ -4,8 +4,8 @@
 #   scripts/device-bench.sh [DIR]     # DIR holds the `trigger` binary (default device/)
 #
 # Prepare DIR on a machine with the toolchain (device/ is git-ignored):
-#   cargo build --release --example trigger
-#   mkdir -p device && cp "${CARGO_TARGET_DIR:-target}/release/examples/trigger" device/
+#   cargo build --release -p fprobe-bench
+#   mkdir -p device && cp "${CARGO_TARGET_DIR:-target}/release/trigger" device/
 #
 # Two parts, each at 1,2,4,8,16 producers, 300 ms samples (1 warm-up + 4
 # kept per cell), every implementation:
@@ -30,7 +30,7 @@ set -u
 dir=${1:-device}
 bin=$dir/trigger
 if [[ ! -x $bin ]]; then
-    echo "no executable $bin: build it with 'cargo build --release --example trigger' and copy it there" >&2
+    echo "no executable $bin: build it with 'cargo build --release -p fprobe-bench' and copy ${CARGO_TARGET_DIR:-target}/release/trigger there" >&2
     exit 1
 fi
 out=$dir/results-$(date +%Y%m%dT%H%M%S)

@@ -1,10 +1,7 @@
 //! Return-instance pools under the kretprobe pattern (pop at entry, push at
 //! return) and the uretprobe-nop pattern, with the baselines an objpool
-//! replaces or competes with. Shared by `benches/objpool.rs` and the trigger
-//! example's `objpool` and `uretprobe-nop` benchmarks (included with
-//! `#[path]`); bench-only code, never part of the library.
-
-#![allow(dead_code)] // each includer uses a part
+//! replaces or competes with: what the `objpool` and `uretprobe-nop`
+//! benchmarks (`bench_pools.rs`) run.
 
 use std::cell::UnsafeCell;
 use std::hint::black_box;

@@ -21,8 +21,8 @@ use hashbrown::DefaultHashBuilder;
 
 use crate::Config;
 use crate::addrs;
-use crate::harness::median;
 use crate::report::{self, Row};
+use crate::stats;
 
 const REPS: usize = 9;
 /// Repetitions of every variant run before the counted ones, not counted.
@@ -150,11 +150,7 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     let mut rows = Vec::new();
     let mut body = Vec::new();
     for ((name, _), v) in VARIANTS.iter().zip(&ns) {
-        let m = median(v);
-        let mean = v.iter().sum::<f64>() / v.len() as f64;
-        let sd = (v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>()
-            / (v.len() - 1).max(1) as f64)
-            .sqrt();
+        let (m, mean, sd) = (stats::median(v), stats::mean(v), stats::stddev(v));
         let total_ms = m * n as f64 / 1e6;
         let target = match *name {
             n if n.starts_with("fprobe insert,") => {

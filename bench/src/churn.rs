@@ -13,6 +13,7 @@ use crate::Config;
 use crate::harness::{self, Samples};
 use crate::impls::BATCH;
 use crate::report::{self, Row};
+use crate::stats;
 
 /// A map whose readers a churn benchmark measures and whose writer churns
 /// it: `address → values`.
@@ -528,13 +529,13 @@ impl Pooled {
 
     /// The writer's operations per second, median over the phases.
     pub fn writes(&self) -> f64 {
-        harness::median(&self.churn.iter().map(|c| c.writes).collect::<Vec<_>>())
+        stats::median(&self.churn.iter().map(|c| c.writes).collect::<Vec<_>>())
     }
 
     /// The round trip, median over the phases that measured one.
     pub fn round_trip(&self) -> Option<f64> {
         let rts: Vec<f64> = self.churn.iter().filter_map(|c| c.round_trip).collect();
-        (!rts.is_empty()).then(|| harness::median(&rts))
+        (!rts.is_empty()).then(|| stats::median(&rts))
     }
 
     /// Reader time lost per write, in ns, median over the phases of
@@ -582,7 +583,7 @@ fn median_lost_per_write(phases: impl Iterator<Item = (f64, f64)>) -> Option<f64
         .filter(|&(_, writes)| writes >= 0.5e6)
         .map(|(ratio, writes)| (1.0 - ratio) / writes * 1e9)
         .collect();
-    (!per_phase.is_empty()).then(|| harness::median(&per_phase))
+    (!per_phase.is_empty()).then(|| stats::median(&per_phase))
 }
 
 /// `x` with `digits` decimals, or "—" for `None`/NaN.
@@ -704,25 +705,25 @@ pub fn alternation_cells(
         Some(_) => " **missed**",
         None => "",
     };
-    let writes = harness::median(&phases.iter().map(|a| a.writes).collect::<Vec<_>>());
+    let writes = stats::median(&phases.iter().map(|a| a.writes).collect::<Vec<_>>());
     let lost = |keep: &dyn Fn(&Alternation) -> bool| {
         median_lost_per_write(
             phases
                 .iter()
                 .filter(|a| keep(a))
-                .map(|a| (harness::median(&a.ratios().collect::<Vec<_>>()), a.writes)),
+                .map(|a| (stats::median(&a.ratios().collect::<Vec<_>>()), a.writes)),
         )
     };
     let cell = |r: &[f64], n: usize| {
         if r.is_empty() {
             "— (0)".to_string()
         } else {
-            let m = harness::median(r);
+            let m = stats::median(r);
             format!("{m:.3}×{} ({n})", verdict(m))
         }
     };
     let rts: Vec<f64> = phases.iter().filter_map(|a| a.round_trip).collect();
-    let m = harness::median(&all);
+    let m = stats::median(&all);
     let (held, running) = windows(phases);
     vec![
         format!("{:.2}", held.median() / 1e6),
@@ -730,14 +731,14 @@ pub fn alternation_cells(
         format!("{:.3}", writes / 1e6),
         format!(
             "{} ({n_far} of {})",
-            or_dash((!rts.is_empty()).then(|| harness::median(&rts)), 0),
+            or_dash((!rts.is_empty()).then(|| stats::median(&rts)), 0),
             phases.len()
         ),
         format!("{m:.3}×{}", verdict(m)),
         format!(
             "{:.3}–{:.3}",
-            percentile(&all, 0.25),
-            percentile(&all, 0.75)
+            stats::percentile(&all, 0.25),
+            stats::percentile(&all, 0.75)
         ),
         format!(
             "{} / {}",
@@ -805,14 +806,4 @@ pub fn print_alternation_table(
         body,
     );
     println!("{}", alternation_note());
-}
-
-/// The `q` quantile of `xs` (nearest rank), NaN when empty.
-fn percentile(xs: &[f64], q: f64) -> f64 {
-    if xs.is_empty() {
-        return f64::NAN;
-    }
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q).round() as usize]
 }

@@ -81,9 +81,9 @@ use crate::churn::{
     churn_disjoint, churn_hot, churn_recycled, churning, idle, near_cutoff, or_dash,
     print_alternation_table, summary_cells,
 };
-use crate::harness;
 use crate::impls::{self, BATCH};
 use crate::report::{self, Row};
+use crate::stats;
 
 /// A writer's cap in operations per second; `None`: flat out.
 type Pace = Option<f64>;
@@ -325,9 +325,9 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
                     "  {} {variant:<8} round {}  reader off {:>8.2} M/s, on {:>8.2} M/s, paired on ÷ off {:.3}, writer {:.3} M ops/s, round trip {} ns",
                     mode.name(),
                     round + 1,
-                    harness::median(&a.off) / 1e6,
-                    harness::median(&a.on) / 1e6,
-                    harness::median(&a.ratios().collect::<Vec<_>>()),
+                    stats::median(&a.off) / 1e6,
+                    stats::median(&a.on) / 1e6,
+                    stats::median(&a.ratios().collect::<Vec<_>>()),
                     a.writes / 1e6,
                     or_dash(a.round_trip, 0)
                 );
@@ -383,8 +383,8 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
         for ((variant, _, _), v) in variants.iter().zip(&pooled) {
             let mut cells = vec![variant.clone()];
             cells.extend(alternation_cells(&v.alternations, cutoff, Some(0.9)));
-            cells.push(format!("{:.0}", harness::median(&v.gps)));
-            cells.push(format!("{:.0}", harness::median(&v.tables)));
+            cells.push(format!("{:.0}", stats::median(&v.gps)));
+            cells.push(format!("{:.0}", stats::median(&v.tables)));
             body.push(cells);
             rows.extend(alternation_rows(
                 mode.name(),
@@ -406,8 +406,8 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
         cells.extend(p.rate_cells());
         cells.extend([
             format!("{:.3}", p.writes() / 1e6),
-            format!("{:.0}", harness::median(&v.gps)),
-            format!("{:.0}", harness::median(&v.tables)),
+            format!("{:.0}", stats::median(&v.gps)),
+            format!("{:.0}", stats::median(&v.tables)),
         ]);
         cells.extend(summary_cells(p, cutoff, Some(0.9)));
         body.push(cells);

@@ -3,23 +3,21 @@
 //! `tools/testing/selftests/bpf/bench_trigger.c` (REFERENCE.md §2).
 //!
 //! ```text
-//! cargo run --release --example trigger                      # lookup, both workloads, 1..=nproc threads
-//! cargo run --release --example trigger -- --bench registration
-//! cargo run --release --example trigger -- --bench churn
-//! cargo run --release --example trigger -- --bench churn-alt
-//! cargo run --release --example trigger -- --bench churn-rates
-//! cargo run --release --example trigger -- --bench churn-peers
-//! cargo run --release --example trigger -- --bench churn-peers-alt
-//! cargo run --release --example trigger -- --bench kprobe-multi,kprobe-multi-all,kretprobe-multi-all
-//! cargo run --release --example trigger -- --bench objpool,uretprobe-nop --threads 1,2
-//! cargo run --release --example trigger -- --bench all
-//! cargo run --release --example trigger -- --help
+//! cargo run --release -p fprobe-bench                      # lookup, both workloads, 1..=nproc threads
+//! cargo run --release -p fprobe-bench -- --bench registration
+//! cargo run --release -p fprobe-bench -- --bench churn
+//! cargo run --release -p fprobe-bench -- --bench churn-alt
+//! cargo run --release -p fprobe-bench -- --bench churn-rates
+//! cargo run --release -p fprobe-bench -- --bench churn-peers
+//! cargo run --release -p fprobe-bench -- --bench churn-peers-alt
+//! cargo run --release -p fprobe-bench -- --bench kprobe-multi,kprobe-multi-all,kretprobe-multi-all
+//! cargo run --release -p fprobe-bench -- --bench objpool,uretprobe-nop --threads 1,2
+//! cargo run --release -p fprobe-bench -- --bench all
+//! cargo run --release -p fprobe-bench -- --help
 //! ```
 //!
 //! Benchmarks live in a registry ([`BENCHES`]): add a module with a
 //! `run(&Config) -> Vec<Row>` and one line there.
-
-#![allow(missing_docs)] // an example binary, documented in --help
 
 mod addrs;
 mod bench_churn;
@@ -33,10 +31,11 @@ mod compare;
 mod dispatch;
 mod harness;
 mod impls;
-#[path = "../../benches/common/pools.rs"]
 mod pools;
 mod report;
+mod stats;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -214,8 +213,45 @@ fn usage() -> String {
     s
 }
 
-fn parse_list<T: std::str::FromStr>(flag: &str, v: &str) -> Result<Vec<T>, String> {
-    v.split(',')
+/// Why the command line did not give a [`Config`].
+#[derive(Debug)]
+enum ArgsError {
+    /// `-h` / `--help`: print the usage and exit successfully.
+    Help,
+    /// A bad option or value: print the message and exit with status 2.
+    Bad(String),
+}
+
+impl From<lexopt::Error> for ArgsError {
+    fn from(e: lexopt::Error) -> Self {
+        ArgsError::Bad(e.to_string())
+    }
+}
+
+impl From<String> for ArgsError {
+    fn from(msg: String) -> Self {
+        ArgsError::Bad(msg)
+    }
+}
+
+/// The value of `flag` as UTF-8.
+fn text(flag: &str, v: OsString) -> Result<String, String> {
+    v.into_string()
+        .map_err(|v| format!("{flag}: not valid UTF-8: {v:?}"))
+}
+
+/// The value of `flag` as a non-negative integer.
+fn num(flag: &str, v: OsString) -> Result<u64, String> {
+    let v = text(flag, v)?;
+    v.trim()
+        .parse()
+        .map_err(|_| format!("{flag}: not a number: {v:?}"))
+}
+
+/// The value of `flag` as a comma-separated list.
+fn list<T: std::str::FromStr>(flag: &str, v: OsString) -> Result<Vec<T>, String> {
+    text(flag, v)?
+        .split(',')
         .map(|x| {
             x.trim()
                 .parse()
@@ -224,63 +260,69 @@ fn parse_list<T: std::str::FromStr>(flag: &str, v: &str) -> Result<Vec<T>, Strin
         .collect()
 }
 
-fn parse_args(args: Vec<String>) -> Result<Config, String> {
+/// Parses the arguments after the program name.
+fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Config, ArgsError> {
+    use lexopt::prelude::*;
+
     let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut benches = vec![&BENCHES[0]];
     let mut threads: Vec<usize> = (1..=ncpu).collect();
     let (mut sample_ms, mut duration_ms, mut warmup, mut rounds) = (None, None, 1usize, None);
     let (mut addrs, mut source, mut workloads) = (50_000usize, Source::Elf, None);
     let (mut impls_filter, mut csv, mut svg, mut seed) = (None, None, None, 1u64);
-    let mut it = args.into_iter();
-    while let Some(flag) = it.next() {
-        if flag == "-h" || flag == "--help" {
-            return Err(usage());
-        }
-        let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        let num = |v: String| {
-            v.parse::<u64>()
-                .map_err(|_| format!("{flag}: not a number: {v:?}"))
-        };
-        match flag.as_str() {
-            "--bench" => {
-                let v = val()?;
+    let mut parser = lexopt::Parser::from_args(args);
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Short('h') | Long("help") => return Err(ArgsError::Help),
+            Long("bench") => {
+                let v = text("--bench", parser.value()?)?;
                 benches = if v == "all" {
                     BENCHES.iter().collect()
                 } else {
                     v.split(',')
                         .map(|n| {
-                            BENCHES
-                                .iter()
-                                .find(|b| b.name == n)
-                                .ok_or(format!("unknown benchmark {n:?}"))
+                            BENCHES.iter().find(|b| b.name == n.trim()).ok_or_else(|| {
+                                let known: Vec<&str> = BENCHES.iter().map(|b| b.name).collect();
+                                format!(
+                                    "--bench: unknown benchmark {n:?} (known: all, {})",
+                                    known.join(", ")
+                                )
+                            })
                         })
                         .collect::<Result<_, _>>()?
                 };
             }
-            "--threads" => threads = parse_list("--threads", &val()?)?,
-            "--sample-ms" => sample_ms = Some(num(val()?)?),
-            "--duration-ms" => duration_ms = Some(num(val()?)?),
-            "--warmup" => warmup = num(val()?)? as usize,
-            "--rounds" => rounds = Some(num(val()?)?.max(1) as usize),
-            "--addrs" => addrs = num(val()?)?.max(1) as usize,
-            "--addrs-source" => source = Source::parse(&val()?)?,
-            "--workload" => workloads = Some(Workload::parse(&val()?)?),
-            "--impls" => {
-                let v: Vec<String> = parse_list("--impls", &val()?)?;
-                let known = |n: &str| impl_groups().iter().any(|g| g.1.iter().any(|i| i.0 == n));
+            Long("threads") => threads = list("--threads", parser.value()?)?,
+            Long("sample-ms") => sample_ms = Some(num("--sample-ms", parser.value()?)?),
+            Long("duration-ms") => duration_ms = Some(num("--duration-ms", parser.value()?)?),
+            Long("warmup") => warmup = num("--warmup", parser.value()?)? as usize,
+            Long("rounds") => rounds = Some(num("--rounds", parser.value()?)?.max(1) as usize),
+            Long("addrs") => addrs = num("--addrs", parser.value()?)?.max(1) as usize,
+            Long("addrs-source") => {
+                source = Source::parse(&text("--addrs-source", parser.value()?)?)?
+            }
+            Long("workload") => {
+                workloads = Some(Workload::parse(&text("--workload", parser.value()?)?)?)
+            }
+            Long("impls") => {
+                let v: Vec<String> = list("--impls", parser.value()?)?;
+                let groups = impl_groups();
+                let known = |n: &str| groups.iter().any(|g| g.1.iter().any(|i| i.0 == n));
                 if let Some(bad) = v.iter().find(|n| !known(n)) {
-                    return Err(format!("unknown implementation {bad:?}\n\n{}", usage()));
+                    return Err(ArgsError::Bad(format!(
+                        "--impls: unknown implementation {bad:?} (--help lists them)"
+                    )));
                 }
                 impls_filter = Some(v);
             }
-            "--csv" => csv = Some(val()?),
-            "--svg" => svg = Some(val()?),
-            "--seed" => seed = num(val()?)?,
-            _ => return Err(format!("unknown argument {flag:?}\n\n{}", usage())),
+            Long("csv") => csv = Some(text("--csv", parser.value()?)?),
+            Long("svg") => svg = Some(text("--svg", parser.value()?)?),
+            Long("seed") => seed = num("--seed", parser.value()?)?,
+            _ => return Err(arg.unexpected().into()),
         }
     }
     if threads.is_empty() || threads.contains(&0) {
-        return Err("--threads: counts must be ≥ 1".into());
+        return Err(ArgsError::Bad("--threads: counts must be ≥ 1".into()));
     }
     let quick = sample_ms.is_none() && duration_ms.is_none();
     let timing = if quick {
@@ -316,15 +358,16 @@ fn parse_args(args: Vec<String>) -> Result<Config, String> {
 }
 
 fn main() -> ExitCode {
-    let cfg = match parse_args(std::env::args().skip(1).collect()) {
+    let cfg = match parse_args(std::env::args_os().skip(1)) {
         Ok(c) => c,
-        Err(msg) => {
-            eprintln!("{msg}");
-            return if msg.starts_with("usage") {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(2)
-            };
+        Err(ArgsError::Help) => {
+            print!("{}", usage());
+            return ExitCode::SUCCESS;
+        }
+        Err(ArgsError::Bad(msg)) => {
+            eprintln!("trigger: error: {msg}");
+            eprintln!("run 'trigger --help' for the options");
+            return ExitCode::from(2);
         }
     };
     let t0 = Instant::now();

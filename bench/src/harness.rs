@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::stats;
+
 /// One producer's counter, alone on its (pair of adjacent) cache lines so
 /// producers never share a line (the kernel pads its per-CPU counters to
 /// 128 bytes for the adjacent-line prefetcher).
@@ -35,28 +37,15 @@ impl PaddedCounter {
 /// CPUs this process may run on (its affinity mask), in order; empty if the
 /// mask cannot be read.
 pub fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: `cpu_set_t` is plain bits; all-zero is a valid (empty) set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a live, writable `cpu_set_t` of the size we pass.
-    let rc =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if rc != 0 {
-        return Vec::new();
-    }
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `cpu` < CPU_SETSIZE, the bit count of `set`.
-        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
-        .collect()
+    core_affinity::get_core_ids()
+        .map(|ids| ids.into_iter().map(|c| c.id).collect())
+        .unwrap_or_default()
 }
 
-/// Pins the calling thread to `cpu`; false if the kernel refuses.
+/// Pins the calling thread to `cpu` (one of [`allowed_cpus`]); false if the
+/// kernel refuses.
 pub fn pin_to(cpu: usize) -> bool {
-    // SAFETY: as in `allowed_cpus`.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` < CPU_SETSIZE (it came from `allowed_cpus`); `set` is live.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: `set` is a live `cpu_set_t` of the size we pass; 0 = this thread.
-    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
+    core_affinity::set_for_current(core_affinity::CoreId { id: cpu })
 }
 
 /// How long one cell runs.
@@ -77,41 +66,24 @@ pub struct Samples {
 }
 
 impl Samples {
+    /// Mean rate; NaN without samples.
     pub fn mean(&self) -> f64 {
-        self.rates.iter().sum::<f64>() / self.rates.len().max(1) as f64
+        stats::mean(&self.rates)
     }
 
-    /// Sample standard deviation (n − 1).
+    /// Sample standard deviation (n − 1) of the rates.
     pub fn stddev(&self) -> f64 {
-        let n = self.rates.len();
-        if n < 2 {
-            return 0.0;
-        }
-        let m = self.mean();
-        (self.rates.iter().map(|r| (r - m) * (r - m)).sum::<f64>() / (n - 1) as f64).sqrt()
+        stats::stddev(&self.rates)
     }
 
+    /// Median rate; NaN without samples.
     pub fn median(&self) -> f64 {
-        median(&self.rates)
+        stats::median(&self.rates)
     }
 
     pub fn extend(&mut self, other: Samples) {
         self.rates.extend(other.rates);
         self.unpinned = self.unpinned.max(other.unpinned);
-    }
-}
-
-pub fn median(xs: &[f64]) -> f64 {
-    if xs.is_empty() {
-        return f64::NAN;
-    }
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
 }
 

@@ -39,9 +39,9 @@ use crate::churn::{
     Writes, alternating, alternation_cells, alternation_cutoff, alternation_rows, churn_disjoint,
     churn_hot, churning, idle, near_cutoff, or_dash, print_alternation_table, summary_cells,
 };
-use crate::harness;
 use crate::impls::{self, BATCH, LookupImpl};
 use crate::report::{self, Row};
+use crate::stats;
 
 type Vals = Vec<u64>;
 
@@ -240,8 +240,8 @@ fn run_mode(cfg: &Config, alternate: bool) -> Vec<Row> {
                     eprintln!(
                         "  churn-peers-alt {variant:<8} {name:<16} round {}  reader held {:>8.2} M/s, running {:>8.2} M/s, writer {:.3} M ops/s, round trip {} ns",
                         round + 1,
-                        harness::median(&a.off) / 1e6,
-                        harness::median(&a.on) / 1e6,
+                        stats::median(&a.off) / 1e6,
+                        stats::median(&a.on) / 1e6,
                         a.writes / 1e6,
                         or_dash(a.round_trip, 0)
                     );

@@ -1,15 +1,20 @@
 //! `--bench objpool`, `uretprobe-nop`: return-instance pools per call, M
 //! pairs/s (get an instance at entry, give it back at return), every
-//! contender in the same run. The pools and baselines are shared with
-//! `benches/objpool.rs` (`benches/common/pools.rs`).
+//! contender in the same run. The pools and baselines are in `pools.rs`.
 //!
 //! * `objpool`: the kretprobe pattern over a shared pool of 1,024 64-byte
 //!   objects: `fprobe::ObjPool` vs the Treiber freelist it replaces in the
 //!   kernel, crossbeam `ArrayQueue`, `Mutex<Vec>`, and plain malloc/free.
 //! * `uretprobe-nop`: the uprobes pattern, per-thread return-instance reuse
 //!   (`fprobe::retinst`) vs a `Box` per call.
+//!
+//! `objpool` also times `sched_getcpu(3)`, what a per-CPU pool without rseq
+//! would pay to find its CPU on every operation (`ObjPool`'s magazines are
+//! per thread: one thread-local load finds them).
 
+use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use crate::Config;
 use crate::compare::{self, Contender, Labels};
@@ -27,7 +32,25 @@ pub fn run_objpool(cfg: &Config) -> Vec<Row> {
         "kretprobe pattern: pop at entry, touch the 64-byte object, push at return; \
          {NR_OBJS} objects per pool, shared by all producers\n"
     );
-    run(cfg, "objpool", KRETPROBE)
+    let rows = run(cfg, "objpool", KRETPROBE);
+    println!(
+        "per-CPU selection: sched_getcpu() {:.2} ns/call (objpool finds its per-thread magazine with a thread-local load)\n",
+        sched_getcpu_ns()
+    );
+    rows
+}
+
+/// Nanoseconds per `sched_getcpu(3)` call, single-threaded, over 10 M calls.
+fn sched_getcpu_ns() -> f64 {
+    const CALLS: u32 = 10_000_000;
+    let t = Instant::now();
+    let mut acc = 0i64;
+    for _ in 0..CALLS {
+        // SAFETY: sched_getcpu takes no arguments and touches no memory of ours.
+        acc += i64::from(unsafe { libc::sched_getcpu() });
+    }
+    black_box(acc);
+    t.elapsed().as_nanos() as f64 / f64::from(CALLS)
 }
 
 pub fn run_uretprobe_nop(cfg: &Config) -> Vec<Row> {

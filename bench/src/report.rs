@@ -1,0 +1,288 @@
+//! Tables (markdown), CSV and SVG output.
+
+use std::fmt::Write as _;
+
+use plotters::coord::Shift;
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::Config;
+
+/// One measured cell.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub bench: &'static str,
+    /// Workload or variant (`uniform`, `hot`, `one-by-one`, `churn-disjoint`…).
+    pub workload: String,
+    pub addrs: usize,
+    pub imp: String,
+    pub threads: usize,
+    /// `M/s` or `ns/addr`.
+    pub unit: &'static str,
+    pub mean: f64,
+    pub stddev: f64,
+    pub median: f64,
+    pub samples: usize,
+}
+
+impl Row {
+    /// A throughput row (M/s) from a cell's samples.
+    pub fn rate(
+        bench: &'static str,
+        workload: String,
+        addrs: usize,
+        imp: String,
+        threads: usize,
+        s: &crate::harness::Samples,
+    ) -> Row {
+        Row {
+            bench,
+            workload,
+            addrs,
+            imp,
+            threads,
+            unit: "M/s",
+            mean: s.mean() / 1e6,
+            stddev: s.stddev() / 1e6,
+            median: s.median() / 1e6,
+            samples: s.rates.len(),
+        }
+    }
+
+    /// Per producer (throughput rows only).
+    pub fn per_thread(&self) -> f64 {
+        self.mean / self.threads as f64
+    }
+}
+
+pub fn machine_line(cfg: &Config) -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let n = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!(
+        "machine: {model}, {n} CPUs available, producers pinned round-robin over CPUs {:?}; {}",
+        cfg.cpus,
+        loadavg()
+    )
+}
+
+pub fn timing_line(cfg: &Config) -> String {
+    let t = cfg.timing;
+    let mut s = format!(
+        "timing: {} ms samples, {} warm-up sample(s) discarded + {} kept per cell, {} interleaved round(s) pooled",
+        t.sample.as_millis(),
+        t.warmup_samples,
+        t.samples,
+        cfg.rounds
+    );
+    if t.sample.as_millis() < 1000 {
+        s += "\nnote: shorter samples than the kernel's 1 s (to fit the default run in two minutes); \
+              pass --sample-ms 1000 --duration-ms 5000 for the kernel's method";
+    }
+    s
+}
+
+pub fn print_table(title: &str, header: &[&str], body: &[Vec<String>]) {
+    let mut s = format!("### {title}\n\n| {} |\n|", header.join(" | "));
+    for (i, _) in header.iter().enumerate() {
+        s += if i == 0 { "---|" } else { "---:|" };
+    }
+    s += "\n";
+    for r in body {
+        let _ = writeln!(s, "| {} |", r.join(" | "));
+    }
+    println!("{s}");
+}
+
+/// One line of the `--csv` file: a [`Row`] and its per-producer rate.
+/// Rates are written with four decimals.
+#[derive(Serialize)]
+struct CsvRow<'a> {
+    bench: &'a str,
+    workload: &'a str,
+    addrs: usize,
+    #[serde(rename = "impl")]
+    imp: &'a str,
+    threads: usize,
+    unit: &'a str,
+    #[serde(serialize_with = "four_decimals")]
+    mean: f64,
+    #[serde(serialize_with = "four_decimals")]
+    stddev: f64,
+    #[serde(serialize_with = "four_decimals")]
+    median: f64,
+    #[serde(serialize_with = "four_decimals")]
+    per_thread: f64,
+    samples: usize,
+}
+
+fn four_decimals<S: serde::Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&format_args!("{x:.4}"))
+}
+
+/// Writes one line per row, under a header line of the field names.
+pub fn write_csv(path: &str, rows: &[Row]) -> Result<(), csv::Error> {
+    let mut w = csv::Writer::from_path(path)?;
+    if rows.is_empty() {
+        // `serialize` writes the header with the first row; without rows,
+        // the file still gets it.
+        w.write_record([
+            "bench",
+            "workload",
+            "addrs",
+            "impl",
+            "threads",
+            "unit",
+            "mean",
+            "stddev",
+            "median",
+            "per_thread",
+            "samples",
+        ])?;
+    }
+    for r in rows {
+        w.serialize(CsvRow {
+            bench: r.bench,
+            workload: &r.workload,
+            addrs: r.addrs,
+            imp: &r.imp,
+            threads: r.threads,
+            unit: r.unit,
+            mean: r.mean,
+            stddev: r.stddev,
+            median: r.median,
+            per_thread: r.per_thread(),
+            samples: r.samples,
+        })?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// Medians spanning more than this factor get a log-scale y axis.
+const LOG_SPAN: f64 = 30.0;
+
+/// Throughput vs threads, one panel per (lookup) workload, one line per
+/// implementation: M/s (median) against the producer count, on integer
+/// thread ticks. The y axis is logarithmic when the medians span more than
+/// a factor of [`LOG_SPAN`], linear from 0 otherwise.
+pub fn write_svg(path: &str, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
+    let rows: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.bench == "lookup" && r.median.is_finite() && r.median > 0.0)
+        .collect();
+    if rows.is_empty() {
+        return Err("no lookup rows to plot".into());
+    }
+    let mut workloads: Vec<&str> = Vec::new();
+    for r in &rows {
+        if !workloads.contains(&r.workload.as_str()) {
+            workloads.push(&r.workload);
+        }
+    }
+    let lo = rows.iter().map(|r| r.median).fold(f64::INFINITY, f64::min);
+    let hi = rows.iter().map(|r| r.median).fold(0.0, f64::max);
+    let root = SVGBackend::new(path, (1000, 480 * workloads.len() as u32)).into_drawing_area();
+    root.fill(&WHITE)?;
+    for (area, w) in root
+        .split_evenly((workloads.len(), 1))
+        .iter()
+        .zip(&workloads)
+    {
+        let panel: Vec<&Row> = rows.iter().copied().filter(|r| r.workload == *w).collect();
+        if hi / lo > LOG_SPAN {
+            draw_panel(area, &panel, (lo * 0.7..hi * 1.5).log_scale())?;
+        } else {
+            draw_panel(area, &panel, 0.0..hi * 1.1)?;
+        }
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// One workload's panel of [`write_svg`], over the y axis `y`.
+fn draw_panel<Y>(
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    rows: &[&Row],
+    y: Y,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    Y: AsRangedCoord<Value = f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
+    let (workload, addrs) = (&rows[0].workload, rows[0].addrs);
+    let min_t = rows.iter().map(|r| r.threads).min().unwrap_or(1) as u32;
+    let max_t = rows.iter().map(|r| r.threads).max().unwrap_or(1) as u32;
+    let mut names: Vec<&str> = Vec::new();
+    for r in rows {
+        if !names.contains(&r.imp.as_str()) {
+            names.push(&r.imp);
+        }
+    }
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            format!("lookup, {workload}, {addrs} addresses: M lookups/s (median)"),
+            ("sans-serif", 20),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(min_t.saturating_sub(1)..max_t + 1, y)?;
+    // Integer ticks only; none outside the measured thread counts.
+    let tick = |t: &u32| {
+        if (min_t..=max_t).contains(t) {
+            t.to_string()
+        } else {
+            String::new()
+        }
+    };
+    chart
+        .configure_mesh()
+        .x_labels(((max_t - min_t + 3) as usize).min(24))
+        .x_label_formatter(&tick)
+        .x_desc("producer threads")
+        .y_desc("M/s")
+        .draw()?;
+    for (i, name) in names.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let mut pts: Vec<(u32, f64)> = rows
+            .iter()
+            .filter(|r| r.imp == *name)
+            .map(|r| (r.threads as u32, r.median))
+            .collect();
+        pts.sort_by_key(|p| p.0);
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
+            .label(*name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
+/// `/proc/loadavg`'s 1-minute figure: other work competing for the CPUs.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .next()
+                .map(|l| format!("load average {l}"))
+        })
+        .unwrap_or_default()
+}
