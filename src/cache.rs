@@ -76,7 +76,7 @@
 //! `cpu_id` of the rseq area glibc ≥ 2.35 registers for every thread (found
 //! through `__rseq_offset`: one thread-pointer-relative load), else
 //! `sched_getcpu(3)`, else the cache falls back to per-thread mode
-//! ([`HitCacheStats::cpu_source`] says which). A thread can be preempted by
+//! ([`HitCacheStats::mode`] says which). A thread can be preempted by
 //! another thread of the same CPU or migrate mid-lookup, so shared entries
 //! are seqlock-validated atomics: a reader skips an entry a fill is writing
 //! (never uses a torn one), and a fill takes the entry's seqlock with one
@@ -92,7 +92,6 @@
 use std::cell::Cell;
 
 use crate::cpu::CpuSource;
-use crate::index::raw::record::Header;
 use crate::per_thread::{CacheSlot, PerThread};
 use crate::sync::unmodelled::{self, AtomicU64};
 use crate::sync::{AtomicPtr, CachePadded, Ordering, fence};
@@ -109,7 +108,7 @@ pub struct HitCacheConfig {
     /// One cache per CPU, shared by the threads that run there, instead of
     /// one per thread (default `false`; see the module docs for when to
     /// use it). Falls back to per-thread caches when the CPU number cannot
-    /// be read ([`HitCacheStats::cpu_source`] says which was used).
+    /// be read ([`HitCacheStats::mode`] says which was used).
     pub per_cpu: bool,
 }
 
@@ -161,12 +160,12 @@ impl HitCacheConfig {
     /// a thread keeps only its counters).
     pub fn bytes_per_thread(&self) -> usize {
         let entries = if self.per_cpu { 0 } else { self.entries };
-        entries * std::mem::size_of::<Entry>() + std::mem::size_of::<Local>()
+        entries * std::mem::size_of::<Entry>() + std::mem::size_of::<ThreadCache<()>>()
     }
 
     /// Bytes one CPU's cache occupies (per-CPU mode).
     pub fn bytes_per_cpu(&self) -> usize {
-        self.entries * std::mem::size_of::<SharedEntry<Header>>()
+        self.entries * std::mem::size_of::<SharedEntry<()>>()
     }
 }
 
@@ -190,14 +189,36 @@ pub struct HitCacheStats {
     /// Bytes of the per-CPU caches, all CPUs together (0 in per-thread
     /// mode).
     pub bytes_per_cpu_total: usize,
-    /// Where the per-CPU mode reads the CPU number: `"rseq"`,
-    /// `"sched_getcpu"`, or `"per-thread"` when the cache is per thread
-    /// (configured so, or because neither source works here).
-    pub cpu_source: &'static str,
+    /// Per-thread caches, or per-CPU ones and where they read the CPU
+    /// number.
+    pub mode: HitCacheMode,
+}
+
+/// How an index's hit cache is laid out, as [`HitCacheStats::mode`]
+/// reports it.
+///
+/// # Examples
+///
+/// ```
+/// use fprobe::{AddrIndex, HitCacheConfig, HitCacheMode};
+/// let index = AddrIndex::<u32>::builder().hit_cache(HitCacheConfig::default()).build().unwrap();
+/// assert_eq!(index.hit_cache_stats().unwrap().mode, HitCacheMode::PerThread);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HitCacheMode {
+    /// One cache per thread (configured so, or because no CPU number can
+    /// be read here).
+    #[default]
+    PerThread,
+    /// One cache per CPU, the CPU number read from the rseq area.
+    PerCpuRseq,
+    /// One cache per CPU, the CPU number from `sched_getcpu(3)`.
+    PerCpuSchedGetcpu,
 }
 
 #[derive(Clone, Copy)]
-struct Entry<R = *mut Header> {
+struct Entry<R = *mut ()> {
     addr: u64,
     rec: R,
     /// Generation at fill; `u64::MAX` marks an empty entry (the index's
@@ -205,11 +226,14 @@ struct Entry<R = *mut Header> {
     generation: u64,
 }
 
-const EMPTY: Entry = Entry {
-    addr: 0,
-    rec: std::ptr::null_mut(),
-    generation: u64::MAX,
-};
+/// An empty entry.
+fn empty<R>() -> Entry<*mut R> {
+    Entry {
+        addr: 0,
+        rec: std::ptr::null_mut(),
+        generation: u64::MAX,
+    }
+}
 
 /// The index's write generation: the two operations of the protocol
 /// (module docs). A trait so the loom model in this module runs the same
@@ -240,10 +264,12 @@ impl Generation for AtomicU64 {
 #[cfg(loom)]
 impl Generation for crate::sync::AtomicU64 {
     fn current(&self) -> u64 {
+        // Acquire: as for the std atomic above.
         self.load(Ordering::Acquire)
     }
 
     fn advance(&self) {
+        // Release: as for the std atomic above.
         self.fetch_add(1, Ordering::Release);
     }
 }
@@ -371,10 +397,10 @@ fn through_shared_set<T>(
 }
 
 /// The per-CPU caches of one index.
-struct PerCpu {
+struct PerCpu<R> {
     source: CpuSource,
     /// `cpus × entries`, CPU-major. Invariant: `cpus` is a power of two.
-    entries: Box<[SharedEntry<Header>]>,
+    entries: Box<[SharedEntry<R>]>,
     cpus: usize,
 }
 
@@ -385,9 +411,9 @@ const BYPASS: u32 = 16 * 1024;
 /// One thread's cache for one index. Owned by the thread (the
 /// `PerThread` invariant: one owner at a time); other threads only read
 /// the counters.
-struct Local {
+struct ThreadCache<R> {
     /// Invariant: `entries.len() == sets * ways`.
-    entries: Box<[Cell<Entry>]>,
+    entries: Box<[Cell<Entry<*mut R>>]>,
     set_mask: usize,
     ways: usize,
     victim: Cell<usize>,
@@ -402,9 +428,9 @@ struct Local {
 // `counters` are atomics stored by the owner and loaded by `stats`. The
 // entries' record pointers are only dereferenced by their owner under a
 // read guard, after the generation check.
-unsafe impl Sync for Local {}
-// SAFETY: as above; a `Local` is dropped with its index, on any thread.
-unsafe impl Send for Local {}
+unsafe impl<R> Sync for ThreadCache<R> {}
+// SAFETY: as above; a `ThreadCache` is dropped with its index, on any thread.
+unsafe impl<R> Send for ThreadCache<R> {}
 
 /// Counters of one thread, readable by `stats()`. Only the owning thread
 /// stores them (load + store, no read-modify-write on a shared line).
@@ -423,18 +449,21 @@ impl Counters {
 }
 
 /// The cache of one index.
-pub(crate) struct HitCache {
+///
+/// Generic over the record type `R` it remembers pointers to (the index's
+/// record header): the cache never dereferences them.
+pub(crate) struct HitCache<R> {
     config: HitCacheConfig,
     /// Each thread's cache (in per-CPU mode: its counters and bypass
     /// state), freed with the index.
-    locals: PerThread<Local>,
+    locals: PerThread<ThreadCache<R>>,
     /// The index's write generation, bumped by every record publish/unlink.
     pub(crate) generation: CachePadded<unmodelled::AtomicU64>,
     /// The per-CPU caches, in per-CPU mode.
-    per_cpu: Option<PerCpu>,
+    per_cpu: Option<PerCpu<R>>,
 }
 
-impl HitCache {
+impl<R> HitCache<R> {
     pub(crate) fn new(config: HitCacheConfig) -> Self {
         Self {
             config,
@@ -474,7 +503,7 @@ impl HitCache {
     /// Looks `addr` up through the calling thread's cache; `miss` does the
     /// index lookup. The caller holds a read guard.
     #[inline]
-    pub(crate) fn lookup(&self, addr: u64, miss: impl FnOnce() -> *mut Header) -> *mut Header {
+    pub(crate) fn lookup(&self, addr: u64, miss: impl FnOnce() -> *mut R) -> *mut R {
         let local = match self.locals.get() {
             Some(l) => l,
             None => match self.local() {
@@ -517,15 +546,15 @@ impl HitCache {
     /// generation like any other); `None` while the thread's thread-locals
     /// are being destroyed.
     #[cold]
-    fn local(&self) -> Option<&Local> {
+    fn local(&self) -> Option<&ThreadCache<R>> {
         let c = self.config;
         let per_cpu = self.per_cpu.is_some();
         self.locals.get_or(
-            || Local {
+            || ThreadCache {
                 // In per-CPU mode the thread keeps counters and the bypass
                 // state only.
                 entries: (0..if per_cpu { 0 } else { c.entries })
-                    .map(|_| Cell::new(EMPTY))
+                    .map(|_| Cell::new(empty()))
                     .collect(),
                 set_mask: c.entries / c.ways - 1,
                 ways: c.ways,
@@ -553,7 +582,10 @@ impl HitCache {
             Some(pc) => {
                 s.bytes_per_thread = c.bytes_per_thread();
                 s.bytes_per_cpu_total = pc.cpus * c.bytes_per_cpu();
-                s.cpu_source = pc.source.name();
+                s.mode = match pc.source {
+                    CpuSource::Rseq(_) => HitCacheMode::PerCpuRseq,
+                    CpuSource::SchedGetcpu => HitCacheMode::PerCpuSchedGetcpu,
+                };
             }
             None => {
                 s.bytes_per_thread = HitCacheConfig {
@@ -561,14 +593,14 @@ impl HitCache {
                     ..c
                 }
                 .bytes_per_thread();
-                s.cpu_source = "per-thread";
+                s.mode = HitCacheMode::PerThread;
             }
         }
         s
     }
 }
 
-impl Local {
+impl<R> ThreadCache<R> {
     /// Ends a sampling window every `WINDOW` lookups; a window with a hit
     /// rate under 1/16 starts a bypass.
     #[inline(always)]
@@ -596,8 +628,11 @@ mod loom_tests {
     //! loom model of the never-stale protocol, running the cache's own
     //! [`through_set`] against a one-address index in miniature (a record
     //! pointer stood for by a version number; reclamation is the RCU's and
-    //! is modelled in `rcu::raw`). `scripts/loom.sh` runs it, and its canary
-    //! build (generation loaded after the index lookup) must fail it.
+    //! is modelled in `rcu::raw`). The stand-in index publishes records
+    //! with Release stores and loads them with Acquire, as the real index's
+    //! slots do; the generation is the `Generation` impl above.
+    //! `scripts/loom.sh` runs it, and its canary build (generation loaded
+    //! after the index lookup) must fail it.
     //!
     //! `RUSTFLAGS="--cfg loom" cargo test -p fprobe --release --lib loom`
 

@@ -13,13 +13,6 @@ pub(crate) enum CpuSource {
 }
 
 impl CpuSource {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            CpuSource::Rseq(_) => "rseq",
-            CpuSource::SchedGetcpu => "sched_getcpu",
-        }
-    }
-
     /// The best source that works on this machine, or `None`.
     fn detect() -> Option<CpuSource> {
         #[cfg(all(

@@ -16,6 +16,11 @@ pub enum Error {
         /// The configured maximum (`AddrIndexBuilder::max_addresses`).
         max_addresses: usize,
     },
+    /// Registering would exceed the registry's maximum number of probes.
+    TooManyProbes {
+        /// The configured maximum (`RegistryBuilder::max_probes`).
+        max_probes: usize,
+    },
     /// A builder setting is out of range; the message says which.
     InvalidConfig(&'static str),
 }
@@ -26,6 +31,9 @@ impl fmt::Display for Error {
             Error::NotFound => f.write_str("no such entry at this address"),
             Error::CapacityExceeded { max_addresses } => {
                 write!(f, "index is full: at most {max_addresses} addresses")
+            }
+            Error::TooManyProbes { max_probes } => {
+                write!(f, "registry is full: at most {max_probes} probes")
             }
             Error::InvalidConfig(why) => write!(f, "invalid configuration: {why}"),
         }

@@ -32,7 +32,7 @@ pub mod probe;
 pub mod rcu;
 pub mod retinst;
 
-pub use cache::{HitCacheConfig, HitCacheStats};
+pub use cache::{HitCacheConfig, HitCacheMode, HitCacheStats};
 pub use error::{Error, InsertError, InsertManyError};
 pub use index::{AddrIndex, AddrIndexBuilder, EntryId, IndexStats};
 pub use objpool::ObjPool;

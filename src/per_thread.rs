@@ -111,6 +111,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 #[inline]
 fn remember(k: usize, id: u64, value: *const ()) {
     LAST_ID.with(|l| l[k].set(0));
+    // Signal handlers on this thread are the only other readers: compiler
+    // fences keep the three stores in this order (id cleared, value, id).
     compiler_fence(Ordering::SeqCst);
     LAST_VALUE.with(|l| l[k].set(value));
     compiler_fence(Ordering::SeqCst);

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use fprobe::{AddrIndex, Error, HitCacheConfig, rcu};
+use fprobe::{AddrIndex, Error, HitCacheConfig, HitCacheMode, rcu};
 
 fn cached<V: Clone + Send + Sync + 'static>(ways: usize) -> AddrIndex<V> {
     cached_mode(ways, false)
@@ -161,9 +161,12 @@ fn per_cpu_mode_reports_its_source_and_memory() {
     assert_eq!((s.misses, s.hits), (1, 1));
     if cfg!(all(target_os = "linux", not(miri))) {
         assert!(
-            s.cpu_source == "rseq" || s.cpu_source == "sched_getcpu",
-            "{}",
-            s.cpu_source
+            matches!(
+                s.mode,
+                HitCacheMode::PerCpuRseq | HitCacheMode::PerCpuSchedGetcpu
+            ),
+            "{:?}",
+            s.mode
         );
         assert!(s.bytes_per_cpu_total >= HitCacheConfig::default().bytes_per_cpu());
         assert!(s.bytes_per_thread < 1024, "threads keep counters only");
@@ -174,7 +177,10 @@ fn per_cpu_mode_reports_its_source_and_memory() {
         .unwrap();
     plain.lookup(5, |v| v.len());
     let s = plain.hit_cache_stats().unwrap();
-    assert_eq!((s.cpu_source, s.bytes_per_cpu_total), ("per-thread", 0));
+    assert_eq!(
+        (s.mode, s.bytes_per_cpu_total),
+        (HitCacheMode::PerThread, 0)
+    );
 }
 
 fn churn(config: HitCacheConfig) {

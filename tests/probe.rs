@@ -105,7 +105,7 @@ fn register_is_all_or_nothing() {
     reg.register(mk(&hits), &[4]).unwrap();
     assert!(matches!(
         reg.register(mk(&hits), &[5, 6]),
-        Err(Error::CapacityExceeded { .. })
+        Err(Error::TooManyProbes { max_probes: 2 })
     ));
     assert_eq!(
         reg.addresses(),

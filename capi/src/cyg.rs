@@ -106,6 +106,8 @@ pub extern "C" fn fprobe_cyg_detach() -> c_int {
     if rcu::in_read_section() {
         return FPROBE_E_BUSY;
     }
+    // Release: pairs with the Acquire load in `hook`; the grace period
+    // below waits for every hook that loaded the old pointer.
     ATTACHED.store(std::ptr::null_mut(), Ordering::Release);
     rcu::synchronize();
     FPROBE_OK

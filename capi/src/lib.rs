@@ -261,6 +261,8 @@ unsafe impl Sync for UserPtr {}
 impl Drop for User {
     fn drop(&mut self) {
         if let Some(release) = self.release {
+            // Acquire: pairs with the Release store of `armed` in
+            // `fprobe_register`; the registration it arms happened before.
             if self.armed.load(Ordering::Acquire) {
                 // SAFETY: the caller's function, given its own pointer, once.
                 unsafe { release(self.user) };
@@ -272,7 +274,7 @@ impl Drop for User {
 fn code(e: Error) -> c_int {
     match e {
         Error::NotFound => FPROBE_E_NOT_FOUND,
-        Error::CapacityExceeded { .. } => FPROBE_E_CAPACITY,
+        Error::CapacityExceeded { .. } | Error::TooManyProbes { .. } => FPROBE_E_CAPACITY,
         Error::InvalidConfig(_) => FPROBE_E_INVALID,
         _ => FPROBE_E_INTERNAL,
     }
@@ -306,6 +308,9 @@ fn ffi(f: impl FnOnce() -> Result<(), c_int>) -> c_int {
 unsafe fn control(r: *const fprobe_registry) -> Result<Arc<Reg>, c_int> {
     // SAFETY: null or a handle from `fprobe_registry_new` (kept forever).
     let r = unsafe { r.as_ref() }.ok_or(FPROBE_E_NULL)?;
+    // Acquire: pairs with the AcqRel compare-exchange of
+    // `fprobe_registry_destroy`; a caller that sees DEAD sees the teardown
+    // that followed it.
     if r.magic.load(Ordering::Acquire) != LIVE {
         return Err(FPROBE_E_DESTROYED);
     }
@@ -436,6 +441,8 @@ pub unsafe extern "C" fn fprobe_registry_destroy(r: *mut fprobe_registry) -> c_i
         if rcu::in_read_section() {
             return Err(FPROBE_E_BUSY);
         }
+        // AcqRel: one destroyer wins (the RMW is totally ordered); the
+        // Release half pairs with the Acquire magic loads in `control`.
         h.magic
             .compare_exchange(LIVE, DEAD, Ordering::AcqRel, Ordering::Acquire)
             .map_err(|_| FPROBE_E_DESTROYED)?;
@@ -558,6 +565,7 @@ pub unsafe extern "C" fn fprobe_register(
             .enumerate()
             .map(|(i, &a)| (a, cookies.map_or(0, |c| c[i])));
         let h = reg.register_with_cookies(b.build(), attach).map_err(code)?;
+        // Release: pairs with the Acquire load in `User::drop`.
         user.armed.store(true, Ordering::Release);
         // SAFETY: checked non-null; writable by the contract.
         unsafe { *handle_out = h.to_bits() };

@@ -495,7 +495,12 @@ pub fn run(data_size: usize, max_depth: usize, ops: &[Op]) {
                 if usize::from(spec.data_size) > data_size {
                     assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
                 } else if live == MAX_PROBES {
-                    assert!(matches!(r, Err(Error::CapacityExceeded { .. })), "{r:?}");
+                    assert_eq!(
+                        r.err(),
+                        Some(Error::TooManyProbes {
+                            max_probes: MAX_PROBES
+                        })
+                    );
                 } else {
                     let handle = r.unwrap();
                     m.probes.push(ModelProbe {

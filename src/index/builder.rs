@@ -162,7 +162,7 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
     /// addresses and removing old ones leaves tombstones, and each rebuild
     /// then maps fresh memory. In that case the allocator's reuse of the old
     /// table measured about 2% more reader throughput and shorter
-    /// worst-case inserts (BENCHMARKS.md, ninth session).
+    /// worst-case inserts (BENCHMARKS.md, "Huge pages").
     pub fn huge_pages(mut self, on: bool) -> Self {
         self.huge_pages = on;
         self

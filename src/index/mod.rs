@@ -61,17 +61,13 @@
 //!
 //! # What a lookup costs
 //!
-//! A key in its home pair of slots (about 94% of the keys at 38% load, the
-//! load of 50,000 addresses; tables grow at 50%) is found with one
-//! well-predicted branch. A key past it costs a mispredicted branch and a
-//! walk along its probe sequence: about 6–9 ns more per lookup on the
-//! project's VM (`BENCHMARKS.md`, "Keys past their home pair"). Which keys
-//! those are depends on the hash seed, random per index by default, so a
-//! workload that sends most lookups to a few addresses pays more of that
-//! cost in one index than in another: with 90% of the lookups on 64
-//! addresses, between one and seven of them were past their pair in ten
-//! indexes of the same 50,000 addresses, whose lookups took 10.6–12.4 ns,
-//! against 11.5–11.7 ns when all ten had the same seed.
+//! A key in its home pair of slots (nearly all keys at the loads the table
+//! runs at: it grows at 50%) is found with one well-predicted branch. A key
+//! past it costs a mispredicted branch and a walk along its probe sequence
+//! (`BENCHMARKS.md`, "Keys past their home pair", measures how much).
+//! Which keys those are depends on the hash seed, random per index by
+//! default, so a workload that sends most lookups to a few addresses pays
+//! more of that cost in one index than in another.
 //! [`AddrIndexBuilder::hash_seed`] fixes the layout where timings must be
 //! reproducible.
 //!
@@ -80,20 +76,13 @@
 //! Writers never block readers, but every write stores to lines that
 //! readers may read (a slot's line, and for a changed address its new
 //! record), and a reader that next touches such a line fetches it from the
-//! writer's core.
-//! The loss is a cost per write times the write rate, and the cost depends
-//! mostly on how far apart the two cores are. On the project's 2-vCPU VM
-//! (`--bench churn-rates`, BENCHMARKS.md), with cores a 64–92 ns round trip
-//! apart, a write to other addresses cost the readers 3–15 ns of lookup
-//! time, and a write that replaces the record of an address taking much of
-//! the lookups 19–29 ns. With the cores 200–350 ns apart it was 45–90 ns
-//! and 115–165 ns. So readers kept at least 0.9× their throughput under
-//! up to 1 M (other addresses) or 0.5 M (their own hot addresses) writes a
-//! second in either placement, and with the cores close under up to 4 M
-//! writes a second to their hot addresses and a flat-out writer (7–12 M
-//! writes a second) to other addresses. The concurrent maps measured beside
-//! it (scc, papaya, dashmap) cost their readers more per write in both
-//! placements.
+//! writer's core. The loss is a cost per write times the write rate; the
+//! cost per write depends mostly on how far apart the two cores are, and is
+//! larger for a write that replaces the record of an address taking many of
+//! the lookups than for a write to other addresses. `BENCHMARKS.md`
+//! (`--bench churn-rates`, in the churn section) measures both kinds at
+//! several write rates, beside the concurrent maps a user could pick
+//! instead.
 //!
 //! # Execution context
 //!

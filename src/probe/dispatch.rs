@@ -15,7 +15,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use super::def::{EntryAction, EntryContext, ExitContext};
 use super::recursion::{self, Entered};
 use super::registry::{Attach, Registry, state};
-use super::shadow::Local;
+use super::shadow::ShadowStack;
 use super::stats::Counter;
 use crate::rcu;
 use crate::sync::Ordering;
@@ -68,7 +68,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     #[inline(always)]
     fn entry_frame(
         &self,
-        local: &Local,
+        local: &ShadowStack,
         attached: &[Attach<C>],
         addr: u64,
         ret_addr: u64,
@@ -190,7 +190,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// Runs the exit handlers of the full frame below `top`; returns the
     /// frame's base.
     #[inline(always)]
-    fn exit_frame(&self, local: &Local, top: usize, ret_addr: u64, ctx: &C) -> usize {
+    fn exit_frame(&self, local: &ShadowStack, top: usize, ret_addr: u64, ctx: &C) -> usize {
         let n = local.read(top - 1);
         let addr = local.read(top - 2);
         let mut p = top - HEADER;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use super::def::Fprobe;
 use super::recursion;
-use super::shadow::Local;
+use super::shadow::ShadowStack;
 use super::stats::{NCOUNTERS, ProbeStats, Sums};
 use crate::error::Error;
 use crate::index::AddrIndex;
@@ -88,7 +88,7 @@ pub(super) fn state(generation: u64, enabled: bool) -> u64 {
     generation << 1 | u64::from(enabled)
 }
 
-pub(super) struct Slot<C> {
+pub(super) struct ProbeSlot<C> {
     /// `state(generation, enabled)`; the generation is odd while a probe is
     /// registered here. Invariant: stored only under the registry mutex
     /// (enable/disable: a compare-exchange that keeps the generation).
@@ -141,10 +141,10 @@ struct Book {
 /// ```
 pub struct Registry<C: 'static> {
     pub(super) index: AddrIndex<Attach<C>>,
-    pub(super) slots: Box<[Slot<C>]>,
+    pub(super) slots: Box<[ProbeSlot<C>]>,
     book: Mutex<Book>,
     /// Each thread's shadow stack and counters, freed with the registry.
-    pub(super) locals: PerThread<Local>,
+    pub(super) locals: PerThread<ShadowStack>,
     /// Words of each thread's shadow stack.
     stack_words: usize,
     /// Largest per-call data a probe may ask for, in bytes.
@@ -269,7 +269,7 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
         Ok(Registry {
             index,
             slots: (0..self.max_probes)
-                .map(|_| Slot {
+                .map(|_| ProbeSlot {
                     state: AtomicU64::new(0),
                     probe: AtomicPtr::new(std::ptr::null_mut()),
                 })
@@ -319,10 +319,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
     ///
     /// # Errors
     ///
-    /// [`Error::CapacityExceeded`] when `max_probes` probes are registered
-    /// (reported with `max_addresses` = `max_probes`), or the index refuses
-    /// the addresses; [`Error::InvalidConfig`] when the probe's `data_size`
-    /// exceeds the registry's. Nothing stays registered on error.
+    /// [`Error::TooManyProbes`] when `max_probes` probes are registered,
+    /// [`Error::CapacityExceeded`] when the index refuses the addresses,
+    /// [`Error::InvalidConfig`] when the probe's `data_size` exceeds the
+    /// registry's. Nothing stays registered on error.
     pub fn register(&self, probe: Fprobe<C>, addrs: &[u64]) -> Result<ProbeHandle, Error> {
         self.register_with_cookies(probe, addrs.iter().map(|&a| (a, 0)))
     }
@@ -349,8 +349,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         let probe = Arc::new(probe);
         let mut book = self.book();
-        let slot = book.free.pop().ok_or(Error::CapacityExceeded {
-            max_addresses: self.slots.len(),
+        let slot = book.free.pop().ok_or(Error::TooManyProbes {
+            max_probes: self.slots.len(),
         })?;
         // No thread counts for a free slot (the previous probe's
         // `unregister` waited for every dispatch that could), so the sums
@@ -405,7 +405,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         }
     }
 
-    fn live_slot(&self, h: ProbeHandle) -> Result<&Slot<C>, Error> {
+    fn live_slot(&self, h: ProbeHandle) -> Result<&ProbeSlot<C>, Error> {
         let s = self.slots.get(h.slot as usize).ok_or(Error::NotFound)?;
         // Relaxed: only the generation is compared; the probe is not read.
         if s.state.load(Ordering::Relaxed) >> 1 != h.generation || h.generation & 1 == 0 {
@@ -537,7 +537,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// This thread's state, created on first use; `None` while the
     /// thread's thread-locals are being destroyed.
     #[inline(always)]
-    pub(super) fn local(&self) -> Option<&Local> {
+    pub(super) fn local(&self) -> Option<&ShadowStack> {
         match self.locals.get() {
             Some(l) => Some(l),
             None => self.local_slow(),
@@ -545,13 +545,13 @@ impl<C: Send + Sync + 'static> Registry<C> {
     }
 
     #[cold]
-    fn local_slow(&self) -> Option<&Local> {
+    fn local_slow(&self) -> Option<&ShadowStack> {
         recursion::init_thread();
         // Relaxed: a fresh stack has nothing to forget; any epoch will do.
         let epoch = self.epoch.load(Ordering::Relaxed);
         self.locals.get_or(
-            || Local::new(self.stack_words, self.slots.len(), epoch),
-            Local::adopt,
+            || ShadowStack::new(self.stack_words, self.slots.len(), epoch),
+            ShadowStack::adopt,
         )
     }
 }

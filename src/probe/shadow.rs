@@ -44,7 +44,7 @@ use super::stats::Counters;
 use crate::sync::{Ordering, compiler_fence};
 
 /// One thread's state for one registry.
-pub(super) struct Local {
+pub(super) struct ShadowStack {
     /// Words of `stack` in use. Owner-only.
     top: Cell<usize>,
     /// Calls whose frame did not fit, popped before any frame. Owner-only.
@@ -66,11 +66,11 @@ pub(super) struct Local {
 // (the `PerThread` invariant: one owner at a time, handed over under the
 // index allocator's mutex); `counters` are atomics stored by the owner
 // only and loaded by anyone.
-unsafe impl Sync for Local {}
-// SAFETY: the stack is a plain heap allocation owned by `Local`.
-unsafe impl Send for Local {}
+unsafe impl Sync for ShadowStack {}
+// SAFETY: the stack is a plain heap allocation owned by `ShadowStack`.
+unsafe impl Send for ShadowStack {}
 
-impl Drop for Local {
+impl Drop for ShadowStack {
     fn drop(&mut self) {
         // SAFETY: from `Box<[u64]>::into_raw` with `cap` words, freed once.
         drop(unsafe {
@@ -82,7 +82,7 @@ impl Drop for Local {
     }
 }
 
-impl Local {
+impl ShadowStack {
     pub(super) fn new(words: usize, slots: usize, epoch: u64) -> Self {
         let stack: Box<[u64]> = vec![0; words.max(1)].into_boxed_slice();
         let cap = stack.len();
@@ -143,6 +143,8 @@ impl Local {
     /// (`words` at most the reservation, all written).
     #[inline(always)]
     pub(super) fn commit(&self, base: usize, words: usize) {
+        // The frame's words are in memory before `top` stops covering the
+        // rest of the reservation.
         compiler_fence(Ordering::SeqCst);
         self.top.set(base + words);
     }
@@ -212,6 +214,8 @@ impl Local {
             return None;
         }
         if self.read(t - 1) == 0 {
+            // The marker is read before `top` gives its word up (a signal
+            // handler may reuse it at once).
             compiler_fence(Ordering::SeqCst);
             self.top.set(t - 1);
             return None;

@@ -1,11 +1,12 @@
-//! Userspace RCU: read-side critical sections that cost about a nanosecond,
-//! grace periods, and deferred reclamation.
+//! Userspace RCU: read-side critical sections with no atomic
+//! read-modify-write and no fence, grace periods, and deferred reclamation.
 //!
 //! The flavour is liburcu's "memb": readers touch only a thread-local word
 //! and run no fence, and writers pay with `membarrier(2)`. It is hand-written
 //! rather than taken from crossbeam-epoch, seize or arc-swap because their
-//! read guards cost 10–22 ns (an atomic read-modify-write or `SeqCst` fence
-//! per pin, see `BENCHMARKS.md`), and this is the hot path of every probe hit.
+//! read guards cost an atomic read-modify-write or a `SeqCst` fence per pin
+//! (several times this read side: `BENCHMARKS.md`, "RCU read side"), and
+//! this is the hot path of every probe hit.
 //!
 //! # Usage
 //!
@@ -75,9 +76,10 @@
 //!
 //! # Performance
 //!
-//! On this crate's reference machine (2-vCPU EPYC) `read_lock` + drop costs
-//! about a nanosecond; see `BENCHMARKS.md` for the comparison with
-//! crossbeam-epoch, seize, and arc-swap measured in the same run.
+//! `read_lock` + drop is one thread-local load, two loads and one store to
+//! the thread's own line and a compiler fence; `BENCHMARKS.md`, "RCU read
+//! side", compares it with crossbeam-epoch, seize and arc-swap in the same
+//! run.
 
 #[cfg(not(any(loom, miri)))]
 mod membarrier;
@@ -90,7 +92,7 @@ use std::cell::Cell;
 use std::marker::PhantomData;
 
 pub use ptr::RcuPtr;
-use raw::{Domain, FenceMode, Record};
+use raw::{Domain, FenceMode, ReaderRecord};
 
 /// The process-wide domain every [`ReadGuard`] belongs to.
 #[cfg(not(loom))]
@@ -103,7 +105,7 @@ std::thread_local! {
     /// This thread's record, or null before registration and after the
     /// thread's exit handler ran. A const-initialised `Cell` without `Drop`,
     /// so reading it is a single thread-pointer-relative load.
-    static RECORD: Cell<*const Record> = const { Cell::new(std::ptr::null()) };
+    static RECORD: Cell<*const ReaderRecord> = const { Cell::new(std::ptr::null()) };
     /// Gives the record back at thread exit.
     static OWNER: Owner = const { Owner };
 }
@@ -223,7 +225,7 @@ fn install_fork_handler() {}
 /// Create one with [`read_lock`].
 #[must_use = "the critical section ends when the guard is dropped"]
 pub struct ReadGuard {
-    rec: &'static Record,
+    rec: &'static ReaderRecord,
     /// The record was claimed just for this guard (the thread's own record
     /// is gone: thread-local destructors are running) and is released when
     /// the guard drops.
@@ -233,7 +235,7 @@ pub struct ReadGuard {
 
 impl ReadGuard {
     #[inline(always)]
-    fn enter(rec: &'static Record, transient: bool) -> Self {
+    fn enter(rec: &'static ReaderRecord, transient: bool) -> Self {
         rec.enter(&domain().gp);
         Self {
             rec,
@@ -297,7 +299,7 @@ fn read_lock_slow() -> ReadGuard {
 }
 
 /// Claims a record for the calling thread.
-fn register_current() -> (&'static Record, bool) {
+fn register_current() -> (&'static ReaderRecord, bool) {
     init();
     let existing = RECORD.with(|r| r.get());
     if !existing.is_null() {
@@ -552,14 +554,14 @@ pub struct RcuStats {
 #[cfg(not(loom))]
 pub fn stats() -> RcuStats {
     init();
-    let (retired, reclaimed, gps, panics, pending) = reclaim::stats();
+    let r = reclaim::stats();
     let (records, records_in_use) = DOMAIN.records();
     RcuStats {
-        retired,
-        reclaimed,
-        pending,
-        reclaim_grace_periods: gps,
-        destructor_panics: panics,
+        retired: r.retired,
+        reclaimed: r.reclaimed,
+        pending: r.pending,
+        reclaim_grace_periods: r.grace_periods,
+        destructor_panics: r.panics,
         records,
         records_in_use,
         membarrier: DOMAIN.mode() == FenceMode::Asymmetric,

@@ -1,14 +1,16 @@
 //! The grace-period protocol: reader records and `synchronize`.
 //!
-//! This is the unsafe-free core that loom models directly (`tests/loom.rs`
-//! builds a private [`Domain`]); `rcu/mod.rs` puts a thread-local cache and
-//! a process-wide domain in front of it.
+//! This is the core that loom models directly (the `loom_tests` module at
+//! the end builds a private [`Domain`]); `rcu/mod.rs` puts a thread-local
+//! cache and a process-wide domain in front of it. Its `unsafe` is confined
+//! to the record list's pointers (following them, and freeing the records
+//! when a domain drops), each justified where it is.
 //!
 //! # The protocol
 //!
 //! A [`Domain`] holds one global word `gp`, laid out as
 //! `epoch << NEST_BITS | SYMMETRIC_BIT? | 1`, and a lock-free, append-only list of
-//! [`Record`]s, one claimed by each reader thread.
+//! [`ReaderRecord`]s, one claimed by each reader thread.
 //!
 //! Each record holds one word `ctr` that only its owner writes:
 //! `epoch << NEST_BITS | nesting`. `nesting == 0` means the thread is
@@ -94,7 +96,7 @@ pub(crate) enum FenceMode {
 
 /// One reader thread's state, on its own pair of cache lines.
 #[repr(align(128))]
-pub(crate) struct Record {
+pub(crate) struct ReaderRecord {
     /// `epoch << NEST_BITS | nesting`.
     ///
     /// Invariant: stored only by the thread that owns the record (claimed
@@ -105,10 +107,10 @@ pub(crate) struct Record {
     in_use: AtomicBool,
     /// Next record in the domain list. Invariant: immutable once the record
     /// has been published on the list.
-    next: AtomicPtr<Record>,
+    next: AtomicPtr<ReaderRecord>,
 }
 
-impl Record {
+impl ReaderRecord {
     fn new() -> Self {
         Self {
             ctr: AtomicU64::new(0),
@@ -192,6 +194,9 @@ impl Record {
     /// Forces the record quiescent; used only for records whose owner no
     /// longer exists (the child side of `fork`).
     pub(crate) fn reset_dead(&self) {
+        // Release, both: pair with the Acquire loads of `ctr` in
+        // `wait_for_readers` and of `in_use` in `register`, as the owner's
+        // own exit and unregister would.
         self.ctr.store(0, Ordering::Release);
         self.in_use.store(false, Ordering::Release);
     }
@@ -219,7 +224,7 @@ pub(crate) struct Domain {
     /// `set_mode`, before any use) stores it.
     pub(crate) gp: crate::sync::CachePadded<AtomicU64>,
     /// Head of the append-only record list.
-    head: AtomicPtr<Record>,
+    head: AtomicPtr<ReaderRecord>,
     /// Serialises grace periods (and their epoch increments). A plain flag
     /// rather than a mutex so the child of `fork` can reset it when the
     /// parent's reclaimer thread was inside `synchronize` at the fork.
@@ -265,7 +270,7 @@ impl Domain {
 
     /// Claims a free record or appends a new one. Lock-free; allocates when
     /// no free record exists.
-    pub(crate) fn register(&self) -> &Record {
+    pub(crate) fn register(&self) -> &ReaderRecord {
         let mut cur = self.head.load(Ordering::Acquire);
         while !cur.is_null() {
             // SAFETY: records on the list are never freed while the domain
@@ -284,7 +289,7 @@ impl Domain {
             }
             cur = rec.next.load(Ordering::Relaxed);
         }
-        let rec = Box::into_raw(Box::new(Record::new()));
+        let rec = Box::into_raw(Box::new(ReaderRecord::new()));
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
             // SAFETY: `rec` is ours until the CAS below publishes it.
@@ -304,7 +309,7 @@ impl Domain {
     }
 
     /// Gives a quiescent record back for reuse by another thread.
-    pub(crate) fn unregister(&self, rec: &Record) {
+    pub(crate) fn unregister(&self, rec: &ReaderRecord) {
         debug_assert_eq!(rec.nesting(), 0);
         // Release: pairs with the Acquire CAS in `register`.
         rec.in_use.store(false, Ordering::Release);
@@ -326,6 +331,8 @@ impl Domain {
             FenceMode::Asymmetric => {
                 #[cfg(not(any(loom, miri)))]
                 super::membarrier::barrier();
+                // miri and loom cannot model membarrier(2): the full fence
+                // it would run, here.
                 #[cfg(any(loom, miri))]
                 fence(Ordering::SeqCst);
             }
@@ -351,7 +358,7 @@ impl Domain {
         self.heavy_barrier();
         // Step 2: the gp_lock serialises stores to `gp`; Relaxed load is ours.
         let target = self.gp.load(Ordering::Relaxed).wrapping_add(EPOCH_ONE);
-        // Release: pairs with the Acquire load in `Record::enter`.
+        // Release: pairs with the Acquire load in `ReaderRecord::enter`.
         self.gp.store(target, Ordering::Release);
         // Step 3.
         self.wait_for_readers(target >> NEST_BITS);
@@ -362,23 +369,27 @@ impl Domain {
     /// In the child of `fork`: only the calling thread survived, so every
     /// other record belongs to a thread that no longer exists, and the grace
     /// period lock may be held by one of them.
-    pub(crate) fn after_fork_child(&self, survivor: *const Record) {
+    pub(crate) fn after_fork_child(&self, survivor: *const ReaderRecord) {
         self.for_each_record(|r| {
             if !std::ptr::eq(r, survivor) && r.in_use.load(Ordering::Relaxed) {
                 r.reset_dead();
             }
         });
+        // Release: pairs with the Acquire of the next `synchronize`'s lock
+        // (the parent's holder, if any, does not exist in the child).
         self.gp_lock.store(false, Ordering::Release);
     }
 
     fn wait_for_readers(&self, epoch: u64) {
+        // Acquire: pairs with the Release CAS that published each record in
+        // `register`; the records are initialised.
         let mut cur = self.head.load(Ordering::Acquire);
         while !cur.is_null() {
             // SAFETY: published records live as long as the domain.
             let rec = unsafe { &*cur };
             let mut step = 0u32;
             loop {
-                // Acquire: pairs with the Release store in `Record::exit`.
+                // Acquire: pairs with the Release store in `ReaderRecord::exit`.
                 let v = rec.ctr.load(Ordering::Acquire);
                 if v & NEST_MASK == 0 || v >> NEST_BITS == epoch {
                     break;
@@ -391,7 +402,8 @@ impl Domain {
     }
 
     /// Calls `f` on every record of the domain.
-    pub(crate) fn for_each_record(&self, mut f: impl FnMut(&Record)) {
+    pub(crate) fn for_each_record(&self, mut f: impl FnMut(&ReaderRecord)) {
+        // Acquire: as in `wait_for_readers`.
         let mut cur = self.head.load(Ordering::Acquire);
         while !cur.is_null() {
             // SAFETY: published records live as long as the domain.
@@ -426,7 +438,10 @@ impl Drop for Domain {
 
 #[cfg(all(test, loom))]
 mod loom_tests {
-    //! loom models of the grace-period protocol on a private domain.
+    //! loom models of the grace-period protocol on a private domain. The
+    //! updaters publish with Release stores and the readers load with
+    //! Acquire, as the users of the RCU do; the models check that a reader
+    //! never sees an object reclaimed under it.
     //!
     //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --lib loom`
 

@@ -457,16 +457,30 @@ pub(crate) fn barrier() {
     }
 }
 
+/// Counters of the reclamation machinery, read together under its lock.
+pub(crate) struct ReclaimCounts {
+    /// Objects retired so far.
+    pub(crate) retired: u64,
+    /// Objects reclaimed so far.
+    pub(crate) reclaimed: u64,
+    /// Grace periods the reclaimer waited for.
+    pub(crate) grace_periods: u64,
+    /// Destructors that panicked.
+    pub(crate) panics: u64,
+    /// Objects retired and not yet reclaimed.
+    pub(crate) pending: usize,
+}
+
 /// Counters of the reclamation machinery.
-pub(crate) fn stats() -> (u64, u64, u64, u64, usize) {
+pub(crate) fn stats() -> ReclaimCounts {
     let g = lock(state());
-    (
-        g.retired,
-        g.reclaimed,
-        g.grace_periods,
-        g.panics,
-        g.queue.len(),
-    )
+    ReclaimCounts {
+        retired: g.retired,
+        reclaimed: g.reclaimed,
+        grace_periods: g.grace_periods,
+        panics: g.panics,
+        pending: g.queue.len(),
+    }
 }
 
 /// In the child of `fork`: the reclaimer thread did not survive, and the
@@ -475,6 +489,7 @@ pub(crate) fn stats() -> (u64, u64, u64, u64, usize) {
 /// objects may still be referenced by the inherited copies of the parent's
 /// structures).
 pub(crate) fn after_fork_child() {
+    // Release: the child's next `state()` (Acquire load) starts afresh.
     STATE.store(std::ptr::null_mut(), Ordering::Release);
 }
 

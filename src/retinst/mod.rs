@@ -13,7 +13,8 @@
 //!   gives the instance back as a [`ReturnInstance`].
 //! * A finished instance goes onto the thread's own LIFO and is reused by
 //!   the next entry with no atomic read-modify-write, no fence and no
-//!   allocation (seed 002, uprobes' `ri_pool`). Only a thread that has none
+//!   allocation (the kernel's uprobes keep a `ri_pool` per task the same
+//!   way). Only a thread that has none
 //!   draws from the shared object pool.
 //! * The stack is bounded (`max_depth`); misses are returned as values, by
 //!   cause ([`Miss::DepthOverflow`], [`Miss::PoolExhausted`]), and counted
@@ -81,17 +82,17 @@
 //!
 //! Entry + return with reuse is a handful of plain loads and stores on the
 //! thread's own cache lines plus one RCU read-side section (no atomic
-//! read-modify-write, no fence; about 5 of the ~12 ns of a pair on the
-//! benchmark machine), so the per-thread rate does not depend on the
-//! number of threads. Allocating each
-//! instance with `Box` is the baseline; see `BENCHMARKS-objpool.md`.
+//! read-modify-write, no fence), so the per-thread rate does not depend on
+//! the number of threads. Allocating each instance with `Box` is the
+//! baseline; `BENCHMARKS.md`, section "Object pool", compares the two
+//! (`--bench uretprobe-nop`).
 
 mod shadow;
 
 use std::fmt;
 use std::sync::Arc;
 
-use shadow::{Record, Shared};
+use shadow::{PoolShared, StackView};
 
 use crate::objpool::{ObjPoolBuilder, ObjPoolError};
 use crate::sync::Ordering;
@@ -153,7 +154,7 @@ pub struct RetInstStats {
 /// ```
 #[derive(Clone)]
 pub struct RetInstPool {
-    shared: Arc<Shared>,
+    shared: Arc<PoolShared>,
 }
 
 impl RetInstPool {
@@ -377,7 +378,7 @@ impl RetInstPoolBuilder {
     /// # drop(p);
     /// ```
     pub fn build(self) -> Result<RetInstPool, ObjPoolError> {
-        let shared = Shared::new(self.pool, self.instances, self.data_size, self.max_depth)?;
+        let shared = PoolShared::new(self.pool, self.instances, self.data_size, self.max_depth)?;
         Ok(RetInstPool {
             shared: Arc::new(shared),
         })
@@ -411,8 +412,8 @@ pub struct ReturnStack {
     free: Vec<u32>,
     /// Invariant: equals `rec.depth`, which only this stack stores.
     depth: usize,
-    rec: Arc<Record>,
-    shared: Arc<Shared>,
+    rec: Arc<StackView>,
+    shared: Arc<PoolShared>,
 }
 
 impl ReturnStack {
@@ -449,7 +450,7 @@ impl ReturnStack {
             self.shared.data_size
         );
         if self.depth >= self.shared.max_depth {
-            Record::bump(&self.rec.nmissed_depth);
+            StackView::bump(&self.rec.nmissed_depth);
             return Err(Miss::DepthOverflow);
         }
         let index = match self.free.pop() {
@@ -457,7 +458,7 @@ impl ReturnStack {
             None => match self.shared.pool.raw_ref().pop() {
                 Some(index) => index,
                 None => {
-                    Record::bump(&self.rec.nmissed_exhausted);
+                    StackView::bump(&self.rec.nmissed_exhausted);
                     return Err(Miss::PoolExhausted);
                 }
             },

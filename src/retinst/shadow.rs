@@ -8,15 +8,15 @@
 //!   identity fields (probe id, generation, address, `expired`) are atomics
 //!   because a scanner may read them from another thread; its data area is
 //!   owner-only.
-//! * [`Record`]: one thread's shadow stack as scanners see it: `depth` and
+//! * [`StackView`]: one thread's shadow stack as scanners see it: `depth` and
 //!   the object index of each in-flight instance. Only the owning
 //!   [`ReturnStack`](super::ReturnStack) stores into it.
-//! * [`Shared`]: the pool, the records, the scan seqcount `scan_seq` and the
+//! * [`PoolShared`]: the pool, the records, the scan seqcount `scan_seq` and the
 //!   `orphans` (instances finished while a scan ran).
 //!
-//! # Reuse against a concurrent scanner (seed 002)
+//! # Reuse against a concurrent scanner
 //!
-//! A scanner ([`Shared::expire`]) reads instances that other threads may be
+//! A scanner ([`PoolShared::expire`]) reads instances that other threads may be
 //! finishing at the same time. A finished instance must not be reused (its
 //! fields overwritten for a new call) while a scanner may still be reading
 //! it, or the scanner would mark the *new* call expired. The uprobes
@@ -69,7 +69,7 @@ pub(crate) struct RetInst {
     pub(crate) generation: AtomicU64,
     /// The probed function's address (or return address; the caller's choice).
     pub(crate) addr: AtomicU64,
-    /// Set by [`Shared::expire`]; reset by the owner at each new use.
+    /// Set by [`PoolShared::expire`]; reset by the owner at each new use.
     pub(crate) expired: AtomicBool,
     /// The entry handler's data area.
     ///
@@ -110,26 +110,26 @@ impl RetInst {
 /// One thread's shadow stack, as scanners see it. Aligned to 128 bytes, so
 /// that threads' records (written on every push and pop) never share a line.
 #[repr(align(128))]
-pub(crate) struct Record {
+pub(crate) struct StackView {
     /// Number of in-flight instances.
     ///
     /// Invariant: stored only by the owning stack; `slots[..depth]` are
     /// published before `depth` covers them (`Release`).
     pub(crate) depth: AtomicUsize,
     /// Object index of the instance at each depth, in 128-byte blocks (no
-    /// line shared with another thread's slots); see [`Record::slot`].
+    /// line shared with another thread's slots); see [`StackView::slot`].
     slots: Box<[SlotBlock]>,
     /// Number of usable slots (`max_depth`).
     max_depth: usize,
     /// Misses by cause; owner-only stores (load + store, no RMW).
     pub(crate) nmissed_depth: AtomicU64,
     pub(crate) nmissed_exhausted: AtomicU64,
-    /// Invariant: changed only under `Shared::records`' lock; `true` while
+    /// Invariant: changed only under `PoolShared::records`' lock; `true` while
     /// a `ReturnStack` owns the record.
     pub(crate) in_use: AtomicBool,
 }
 
-impl Record {
+impl StackView {
     fn new(max_depth: usize) -> Self {
         Self {
             depth: AtomicUsize::new(0),
@@ -169,7 +169,7 @@ const SLOTS_PER_BLOCK: usize = 32;
 struct SlotBlock([AtomicU32; SLOTS_PER_BLOCK]);
 
 /// State shared by a pool's handles and stacks.
-pub(crate) struct Shared {
+pub(crate) struct PoolShared {
     pub(crate) pool: ObjPool<RetInst>,
     pub(crate) data_size: usize,
     pub(crate) max_depth: usize,
@@ -181,7 +181,7 @@ pub(crate) struct Shared {
     /// Serialises scanners.
     scan_lock: Mutex<()>,
     /// Every record ever made; reused when free.
-    records: Mutex<Vec<Arc<Record>>>,
+    records: Mutex<Vec<Arc<StackView>>>,
     /// Instances finished while a scan ran. Invariant: capacity for every
     /// instance (never reallocates); emptied when the scan ends.
     orphans: Mutex<Vec<u32>>,
@@ -189,7 +189,7 @@ pub(crate) struct Shared {
     scans: AtomicU64,
 }
 
-impl Shared {
+impl PoolShared {
     pub(crate) fn new(
         pool_builder: crate::objpool::ObjPoolBuilder,
         instances: usize,
@@ -220,7 +220,7 @@ impl Shared {
     }
 
     /// Claims a free record or makes a new one.
-    pub(crate) fn claim_record(&self) -> Arc<Record> {
+    pub(crate) fn claim_record(&self) -> Arc<StackView> {
         let mut records = lock(&self.records);
         for rec in records.iter() {
             if !rec.in_use.load(Ordering::Relaxed) {
@@ -229,13 +229,13 @@ impl Shared {
                 return rec.clone();
             }
         }
-        let rec = Arc::new(Record::new(self.max_depth));
+        let rec = Arc::new(StackView::new(self.max_depth));
         records.push(rec.clone());
         rec
     }
 
     /// Gives a record back (its stack is empty).
-    pub(crate) fn release_record(&self, rec: &Record) {
+    pub(crate) fn release_record(&self, rec: &StackView) {
         let _records = lock(&self.records);
         rec.in_use.store(false, Ordering::Relaxed);
     }
@@ -260,7 +260,7 @@ impl Shared {
     /// the scan seqcount, both inside one RCU read-side section (see the
     /// module docs). Returns the seqcount value read.
     #[inline]
-    pub(crate) fn unlink(&self, rec: &Record, new_depth: usize) -> u32 {
+    pub(crate) fn unlink(&self, rec: &StackView, new_depth: usize) -> u32 {
         let _rcu = crate::rcu::read_lock();
         // Relaxed: the RCU section orders this store before a scanner's walk
         // or the load below after the scanner's odd store (module docs).

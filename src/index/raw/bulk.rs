@@ -217,9 +217,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                         continue;
                     }
                     let mut next = || vals[p].take().expect("each value inserted once");
-                    match self
-                        .insert_group_located(si, stripe, &mut st, keys[p], found, &mut next, 1)
-                    {
+                    match self.insert_group_at(si, stripe, &mut st, keys[p], found, &mut next, 1) {
                         Ok(Some(g)) => {
                             ids[p] = g.first;
                             inserted.push(p);

@@ -29,7 +29,7 @@
 //! live addresses and record bytes are per stripe, kept under the stripe
 //! lock (the index-wide counts are their sums), and a stripe reserves slot
 //! claims in the newest table several at a time (claim credits,
-//! `insert_group_located`). Two threads registering one by one had been
+//! `insert_group_at`). Two threads registering one by one had been
 //! 2.5× slower in total than one thread, mostly on a claim count and an
 //! address count that every insert wrote (BENCHMARKS.md). The exception is
 //! `max_addresses`: a limit needs one count that a check-and-add updates
@@ -98,7 +98,7 @@ struct StripeState {
     next_seq: u64,
     /// Claims this stripe has reserved in the newest table and not used yet
     /// (see "Claim credits" in `Table::try_reserve`'s caller,
-    /// `insert_group_located`). Zeroed, under every stripe lock, whenever
+    /// `insert_group_at`). Zeroed, under every stripe lock, whenever
     /// the newest table changes (`attach`, `clear`), so credits always
     /// belong to the newest table.
     credits: usize,
@@ -167,7 +167,7 @@ pub(crate) struct RawIndex<V> {
     ///
     /// Boxed: the test for "no cache" is then one null check of a pointer
     /// (an inline `Option<HitCache>` was a two-branch test of a niche tag).
-    pub(crate) cache: Option<Box<crate::cache::HitCache>>,
+    pub(crate) cache: Option<Box<crate::cache::HitCache<Header>>>,
     config: Config,
     stripes: Box<[CachePadded<Stripe>]>,
     stripe_mask: usize,
@@ -318,7 +318,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// its code took registers from the uncached lookup around it (the key
     /// and `self` were spilled to the stack on every lookup).
     #[inline(never)]
-    fn lookup_cached(&self, c: &crate::cache::HitCache, key: u64) -> *mut Header {
+    fn lookup_cached(&self, c: &crate::cache::HitCache<Header>, key: u64) -> *mut Header {
         c.lookup(key, || self.lookup_uncached(key))
     }
 
@@ -394,17 +394,23 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// `key`'s live slot and record, anywhere in the chain. Caller holds
     /// `key`'s stripe lock and a read guard.
     fn locate(&self, key: u64) -> Option<(&Slot, RecordPtr<V>)> {
+        // Acquire: pairs with the Release store that published this root
+        // (the migration's swap, `clear`, the first table); the table is initialised.
         let mut t = self.root.ptr.load(Ordering::Acquire);
         loop {
             // SAFETY: as in `lookup_raw`; the caller's guard.
             let table = unsafe { &*t };
             if let Probe::Found(slot) = table.probe(key) {
+                // Acquire: pairs with the Release store that published the record
+                // into the slot; the record is initialised.
                 let rec = slot.rec.load(Ordering::Acquire);
                 if is_live(rec) {
                     // SAFETY: a live record of `V`s.
                     return Some((slot, unsafe { RecordPtr::from_raw(rec) }));
                 }
             }
+            // Acquire: pairs with the Release store of the future in `attach`;
+            // the new table is initialised.
             t = table.future.load(Ordering::Acquire);
             if t.is_null() {
                 return None;
@@ -415,10 +421,14 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// The last table of the chain. With any stripe lock held it has no
     /// future and keeps none until the lock is released.
     fn newest(&self) -> &Table {
+        // Acquire: pairs with the Release store that published this root
+        // (the migration's swap, `clear`, the first table); the table is initialised.
         let mut t = self.root.ptr.load(Ordering::Acquire);
         loop {
             // SAFETY: as in `lookup_raw`; the caller's guard.
             let table = unsafe { &*t };
+            // Acquire: pairs with the Release store of the future in `attach`;
+            // the new table is initialised.
             let f = table.future.load(Ordering::Acquire);
             if f.is_null() {
                 return table;
@@ -543,13 +553,13 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         n: usize,
     ) -> Result<Option<Group>, Error> {
         let found = self.locate(key);
-        self.insert_group_located(si, stripe, st, key, found, next, n)
+        self.insert_group_at(si, stripe, st, key, found, next, n)
     }
 
     /// [`RawIndex::insert_group_locked`] with `key`'s live slot and record
     /// already located (`locate`, under the same lock hold).
     #[allow(clippy::too_many_arguments)]
-    fn insert_group_located(
+    fn insert_group_at(
         &self,
         si: usize,
         stripe: &Stripe,
@@ -604,6 +614,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             // several stripes at once) could fill the table and leave the
             // migration no slot (found by the index_concurrent fuzz target:
             // "address index table full").
+            // Acquire: as for every root load (the migration's swap publishes
+            // it with Release); only compared here.
             let migrating = !ptr::eq(table, self.root.ptr.load(Ordering::Acquire));
             let pending = if migrating { self.live_addrs() } else { 0 };
             let batch = self.credit_batch(table);
@@ -772,6 +784,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let _guard = rcu::read_lock();
         let mut tables = 0;
         let mut table_bytes = 0;
+        // Acquire: pairs with the Release store that published this root
+        // (the migration's swap, `clear`, the first table); the table is initialised.
         let mut t = self.root.ptr.load(Ordering::Acquire);
         let mut newest: Option<&Table> = None;
         while !t.is_null() {
@@ -780,6 +794,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             tables += 1;
             table_bytes += table.bytes();
             newest = Some(table);
+            // Acquire: pairs with the Release store of the future in `attach`;
+            // the new table is initialised.
             t = table.future.load(Ordering::Acquire);
         }
         let newest = newest.expect("root is never null");
@@ -797,6 +813,16 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             table_bytes,
             record_bytes: self.stripe_sum(|s| &s.record_bytes),
         }
+    }
+
+    /// The root table, allocated for as long as `guard` lives.
+    #[inline(always)]
+    pub(crate) fn root_in<'g>(&'g self, _guard: &'g rcu::ReadGuard) -> &'g Table {
+        // SAFETY: the root is never null, and a replaced root is retired
+        // only after a grace period (the migration's swap, `clear`), which
+        // `guard` holds open. Acquire: pairs with the Release store that
+        // published the root; its contents are visible.
+        unsafe { &*self.root.ptr.load(Ordering::Acquire) }
     }
 
     /// The root table, for iteration. Caller holds a read guard.
@@ -897,6 +923,8 @@ impl<V> RawIter<V> {
             // SAFETY: the caller's guard keeps the chain allocated.
             let table = unsafe { &*self.table };
             if self.next > table.slot_count() {
+                // Acquire: pairs with the Release store of the future in `attach`;
+                // the new table is initialised.
                 self.table = table.future.load(Ordering::Acquire);
                 self.next = 0;
                 continue;
@@ -906,6 +934,8 @@ impl<V> RawIter<V> {
             if key == 0 && self.next <= table.slot_count() {
                 continue;
             }
+            // Acquire: pairs with the Release store that published the record
+            // into the slot; the record is initialised.
             let rec = slot.rec.load(Ordering::Acquire);
             if is_live(rec) {
                 // SAFETY: a live record of `V`s.

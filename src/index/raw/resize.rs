@@ -51,7 +51,7 @@ use std::ptr;
 
 use super::table::{GROW_AT, Table, is_live, moved};
 use super::{RawIndex, lock, table_seed};
-use crate::rcu;
+use crate::rcu::{self, ReadGuard};
 use crate::sync::Ordering;
 
 /// Slots migrated per write while a resize is in progress.
@@ -136,9 +136,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// lock if need be): that is what bounds the new table's load. Other
     /// writes help only if the lock is free.
     pub(super) fn after_write(&self, claims: usize) {
-        let _guard = rcu::read_lock();
+        let guard = rcu::read_lock();
         // A first look without the lock: most writes have nothing to do.
-        if !self.resize_work(claims) {
+        if !self.resize_work(claims, &guard) {
             return;
         }
         let st = if claims > 0 {
@@ -149,8 +149,11 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let Some(mut st) = st else { return };
         // Decide again under the lock: another writer may have attached a
         // table or finished a migration since the first look.
-        // SAFETY: root is live under the guard.
-        let root = unsafe { &*self.root.ptr.load(Ordering::Acquire) };
+        let root = self.root_in(&guard);
+        // Acquire: pairs with the Release store of the future in `attach`;
+        // the new table is initialised.
+        // Acquire: pairs with the Release store of the future in `attach`;
+        // the new table is initialised.
         if !root.future.load(Ordering::Acquire).is_null() {
             let budget = st.budget.saturating_mul(claims.max(1));
             self.migrate(&mut st, budget);
@@ -162,6 +165,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 &mut st,
                 capacity_grown(need, self.config.min_capacity),
                 Seed::Keep,
+                &guard,
             );
         } else if claims == 0 && self.should_shrink(root) {
             // To at most 1/4 load: far enough from the growth threshold that
@@ -169,7 +173,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             let addrs = self.live_addrs();
             let cap = capacity_for(addrs.saturating_mul(2), self.config.min_capacity);
             if cap < root.capacity() {
-                self.attach(&mut st, cap, Seed::Keep);
+                self.attach(&mut st, cap, Seed::Keep, &guard);
             }
         }
     }
@@ -185,10 +189,11 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     }
 
     /// Whether a resize step is due: a migration to help, or a table to
-    /// grow or shrink. Caller holds a read guard.
-    fn resize_work(&self, claims: usize) -> bool {
-        // SAFETY: root is live under the caller's guard.
-        let root = unsafe { &*self.root.ptr.load(Ordering::Acquire) };
+    /// grow or shrink.
+    fn resize_work(&self, claims: usize, guard: &ReadGuard) -> bool {
+        let root = self.root_in(guard);
+        // Acquire: pairs with the Release store of the future in `attach`;
+        // the new table is initialised.
         !root.future.load(Ordering::Acquire).is_null()
             || !root.has_room(0, GROW_AT)
             || (claims == 0 && self.should_shrink(root))
@@ -213,13 +218,14 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // races with an attach is served by the one after it.
         self.rehash_pending.store(true, Ordering::Relaxed);
         if let Ok(mut st) = self.resize.try_lock() {
-            let _guard = rcu::read_lock();
-            // SAFETY: root is live under the guard.
-            let root = unsafe { &*self.root.ptr.load(Ordering::Acquire) };
+            let guard = rcu::read_lock();
+            let root = self.root_in(&guard);
+            // Acquire: pairs with the Release store of the future in `attach`;
+            // the new table is initialised.
             if root.future.load(Ordering::Acquire).is_null() {
                 let cap =
                     capacity_for(self.live_addrs(), self.config.min_capacity).max(root.capacity());
-                self.attach(&mut st, cap, Seed::Fresh);
+                self.attach(&mut st, cap, Seed::Fresh, &guard);
             }
         }
     }
@@ -230,10 +236,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// memory) rather than as growth does ([`capacity_grown`]).
     pub(super) fn grow_blocking(&self, extra: usize, tight: bool) {
         let mut st = lock(&self.resize);
-        let _guard = rcu::read_lock();
-        self.finish_migration(&mut st);
-        // SAFETY: root is live under the guard.
-        let root = unsafe { &*self.root.ptr.load(Ordering::Acquire) };
+        let guard = rcu::read_lock();
+        self.finish_migration(&mut st, &guard);
+        let root = self.root_in(&guard);
         if !root.has_room(extra, GROW_AT) {
             let need = self.growth_need(root, extra);
             let cap = if tight {
@@ -241,7 +246,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             } else {
                 capacity_grown(need, self.config.min_capacity)
             };
-            self.attach(&mut st, cap, Seed::Keep);
+            self.attach(&mut st, cap, Seed::Keep, &guard);
             // The new table is empty: claims go there at once; the old
             // entries follow chunk by chunk.
         }
@@ -258,10 +263,11 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         }
     }
 
-    fn finish_migration(&self, st: &mut ResizeState) {
+    fn finish_migration(&self, st: &mut ResizeState, guard: &ReadGuard) {
         loop {
-            // SAFETY: root is live under the caller's guard.
-            let root = unsafe { &*self.root.ptr.load(Ordering::Acquire) };
+            let root = self.root_in(guard);
+            // Acquire: pairs with the Release store of the future in `attach`;
+            // the new table is initialised.
             if root.future.load(Ordering::Acquire).is_null() {
                 return;
             }
@@ -270,7 +276,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     }
 
     /// Attaches a new table of (at least) `capacity` slots to the root.
-    /// Caller holds `resize` and a read guard; no migration is in progress.
+    /// Caller holds `resize`; no migration is in progress.
     ///
     /// Load bound: the new table holds at least twice the live keys, and at
     /// least 1/64 of the old capacity. Callers size it from a count of live
@@ -286,11 +292,14 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// new table has fewer than `MIGRATE_CHUNK` slots); writers' claims
     /// also reserve room for the keys still to migrate
     /// (`insert_group_locked`), so the migration always finds room.
-    fn attach(&self, st: &mut ResizeState, capacity: usize, seed: Seed) {
+    fn attach(&self, st: &mut ResizeState, capacity: usize, seed: Seed, guard: &ReadGuard) {
         // Loaded once: the root only changes under `resize` (the migration's
         // swap, `clear`), which the caller holds.
-        // SAFETY: root is live (caller's guard).
-        let root = unsafe { &*self.root.ptr.load(Ordering::Acquire) };
+        let root = self.root_in(guard);
+        // Acquire: pairs with the Release store of the future in `attach`;
+        // the new table is initialised.
+        // Acquire: pairs with the Release store of the future in `attach`;
+        // the new table is initialised.
         if !root.future.load(Ordering::Acquire).is_null() {
             // Futures are only attached under `resize`, which the caller
             // holds, so this cannot change under us; a caller that decided
@@ -352,9 +361,13 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// Migrates up to `budget` slots of the root into its future; swaps the
     /// root when done. Caller holds `resize` and a read guard.
     fn migrate(&self, st: &mut ResizeState, budget: usize) {
+        // Acquire: pairs with the Release store that published this root
+        // (the migration's swap, `clear`, the first table); the table is initialised.
         let old_ptr = self.root.ptr.load(Ordering::Acquire);
         // SAFETY: root is live (caller's guard).
         let old = unsafe { &*old_ptr };
+        // Acquire: pairs with the Release store of the future in `attach`;
+        // the new table is initialised.
         let new_ptr = old.future.load(Ordering::Acquire);
         if new_ptr.is_null() {
             return;
@@ -494,18 +507,17 @@ mod tests {
         }
         {
             let mut st = lock(&index.resize);
-            let _guard = rcu::read_lock();
+            let guard = rcu::read_lock();
             // Sized as a shrink decided on a count of 1 would size it.
-            index.attach(&mut st, capacity_for(2, 8), Seed::Keep);
-            index.finish_migration(&mut st);
+            index.attach(&mut st, capacity_for(2, 8), Seed::Keep, &guard);
+            index.finish_migration(&mut st, &guard);
         }
-        let _guard = rcu::read_lock();
+        let guard = rcu::read_lock();
         for k in 1..=20u64 {
             // SAFETY: a read guard is held and `index` outlives it.
             assert_eq!(unsafe { index.get(k) }, [k], "key {k}");
         }
-        // SAFETY: as above.
-        let root = unsafe { &*index.root.ptr.load(Ordering::Acquire) };
+        let root = index.root_in(&guard);
         assert!(root.capacity() >= 40, "capacity {}", root.capacity());
     }
 
@@ -524,8 +536,8 @@ mod tests {
         // while another writer's bulk run was between stripe runs.
         {
             let mut st = lock(&index.resize);
-            let _guard = rcu::read_lock();
-            index.attach(&mut st, 8, Seed::Keep);
+            let guard = rcu::read_lock();
+            index.attach(&mut st, 8, Seed::Keep, &guard);
         }
         // A stripe run claiming new keys in it: refused before the
         // migration's room is used up.
@@ -549,8 +561,8 @@ mod tests {
         // The migration finds room for every live key, and nothing is lost.
         {
             let mut st = lock(&index.resize);
-            let _guard = rcu::read_lock();
-            index.finish_migration(&mut st);
+            let guard = rcu::read_lock();
+            index.finish_migration(&mut st, &guard);
         }
         let _guard = rcu::read_lock();
         for k in (1..=3u64).chain(100..100 + claimed as u64) {
@@ -568,9 +580,8 @@ mod tests {
     fn growth_keeps_the_seed_and_a_rehash_draws_a_new_one() {
         let index = RawIndex::<u64>::new(config());
         let seed = |index: &RawIndex<u64>| {
-            let _guard = rcu::read_lock();
-            // SAFETY: root is live under the guard.
-            unsafe { &*index.root.ptr.load(Ordering::Acquire) }.seed()
+            let guard = rcu::read_lock();
+            index.root_in(&guard).seed()
         };
         let first = seed(&index);
         for k in 1..=1_000u64 {
@@ -581,8 +592,8 @@ mod tests {
         index.request_rehash();
         {
             let mut st = lock(&index.resize);
-            let _guard = rcu::read_lock();
-            index.finish_migration(&mut st);
+            let guard = rcu::read_lock();
+            index.finish_migration(&mut st, &guard);
         }
         let rehashed = seed(&index);
         assert_ne!(rehashed, first, "a rehash kept the seed");
@@ -599,15 +610,15 @@ mod tests {
         // table attached, a growth, draws a fresh seed.
         {
             let mut st = lock(&index.resize);
-            let _guard = rcu::read_lock();
+            let guard = rcu::read_lock();
             let cap = index.newest().capacity();
-            index.attach(&mut st, cap, Seed::Keep);
+            index.attach(&mut st, cap, Seed::Keep, &guard);
         }
         index.request_rehash();
         {
             let mut st = lock(&index.resize);
-            let _guard = rcu::read_lock();
-            index.finish_migration(&mut st);
+            let guard = rcu::read_lock();
+            index.finish_migration(&mut st, &guard);
         }
         assert_eq!(seed(&index), rehashed, "no table was attached yet");
         let resizes = index.resizes.load(Ordering::Relaxed);
@@ -618,8 +629,8 @@ mod tests {
         }
         {
             let mut st = lock(&index.resize);
-            let _guard = rcu::read_lock();
-            index.finish_migration(&mut st);
+            let guard = rcu::read_lock();
+            index.finish_migration(&mut st, &guard);
         }
         assert_ne!(seed(&index), rehashed, "the pending rehash was dropped");
         assert_eq!(index.rehashes.load(Ordering::Relaxed), 2);

@@ -11,19 +11,18 @@
 //! walk on top of its cache misses. On 2 MiB pages it needs 16 entries.
 //!
 //! Smaller tables fit that reach in small pages, and there huge pages
-//! measured no steady gain: a 2 MiB table (50,000 addresses) read 0.87 to
-//! 1.10 of its small-page twin over three sessions, against measured
-//! costs: every rebuild maps fresh memory and unmaps the old table (a TLB
-//! shootdown on the process's other CPUs) where the allocator would reuse
-//! its memory, and single inserts took 4.5 to 24 ms when the kernel was
-//! slow to produce a huge page (BENCHMARKS.md, "Huge pages"). So only
-//! arrays of [`HUGE_FROM`] bytes and more are mapped.
+//! measured no steady gain against their costs: every rebuild maps fresh
+//! memory and unmaps the old table (a TLB shootdown on the process's other
+//! CPUs) where the allocator would reuse its memory, and a single insert
+//! can stall for milliseconds while the kernel produces a huge page
+//! (BENCHMARKS.md, "Huge pages"). So only arrays of [`HUGE_FROM`] bytes
+//! and more are mapped.
 //!
 //! Growth pays for the pages too. Every table a growth attaches is fresh
 //! memory from the kernel, faulted in page by page as the migration
-//! reaches it (`Table::prefault`); on the project's VM 2 MiB cost about
-//! 1 ms to fault in as 512 small pages (1.9 to 2.4 µs each) and 150 to
-//! 190 µs as one huge page (BENCHMARKS.md, "Huge pages").
+//! reaches it (`Table::prefault`); 2 MiB faulted in as one huge page costs
+//! several times less than as 512 small pages (BENCHMARKS.md, "Huge
+//! pages").
 //!
 //! # What is mapped
 //!
@@ -44,7 +43,7 @@
 //! back to the global allocator.
 //!
 //! Costs, written down: the first write to each 2 MiB block zeroes the
-//! whole block (150 to 190 µs here), on whichever insert's migration step
+//! whole block (BENCHMARKS.md, "Huge pages"), on whichever insert's migration step
 //! (or presizing build) reaches it first: bounded by the page size, not
 //! the table's, as long as the kernel finds a free 2 MiB block (with
 //! `defrag` at `madvise`, the default, a fault that finds none compacts
@@ -64,7 +63,25 @@ use std::ops::Deref;
 #[cfg(not(loom))]
 use std::ptr::NonNull;
 
-use super::table::Slot;
+use super::record::Header;
+use crate::sync::{AtomicPtr, AtomicU64};
+
+/// One slot of a table: a key and its record pointer (the states a slot
+/// goes through are in `table.rs`). All-zero is the empty slot, so an
+/// array of slots comes from zeroed memory.
+pub(crate) struct Slot {
+    pub(crate) key: AtomicU64,
+    pub(crate) rec: AtomicPtr<Header>,
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Self {
+            key: AtomicU64::new(0),
+            rec: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+}
 
 /// The huge page size the mapping is aligned to and advised in blocks of:
 /// 2 MiB (x86-64's and most Linux targets' huge page size; where it is

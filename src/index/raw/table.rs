@@ -41,7 +41,7 @@
 //!   stripes claim concurrently (checking first and counting at the claim
 //!   let two of them pass the same check and fill a small table). Writers
 //!   reserve a few claims at a time for their stripe (claim credits, see
-//!   `insert_group_located`), so `claimed` counts every claim made and
+//!   `insert_group_at`), so `claimed` counts every claim made and
 //!   some not made yet: it is never below the real count. The
 //!   reservation also keeps room for the claims a migration into the table
 //!   still has to make, so the migration's own claims never find it full.
@@ -51,8 +51,9 @@
 use std::ptr::{self, NonNull};
 
 use super::record::Header;
+pub(crate) use super::slots::Slot;
 use super::slots::SlotArray;
-use crate::sync::{AtomicPtr, AtomicU64, AtomicUsize, CachePadded, Ordering};
+use crate::sync::{AtomicPtr, AtomicUsize, CachePadded, Ordering};
 
 /// Marks a slot whose values moved to the next table. Never dereferenced.
 #[inline(always)]
@@ -64,21 +65,6 @@ pub(crate) fn moved() -> *mut Header {
 #[inline(always)]
 pub(crate) fn is_live(rec: *mut Header) -> bool {
     rec.addr() > 1
-}
-
-/// One slot: see the module docs for its states.
-pub(crate) struct Slot {
-    pub(crate) key: AtomicU64,
-    pub(crate) rec: AtomicPtr<Header>,
-}
-
-impl Default for Slot {
-    fn default() -> Self {
-        Self {
-            key: AtomicU64::new(0),
-            rec: AtomicPtr::new(ptr::null_mut()),
-        }
-    }
 }
 
 /// The seeded hash of one table: a folded multiply, `lo ^ hi` of the
@@ -150,13 +136,13 @@ pub(crate) const LONG_PROBE: usize = 128;
 /// Numerator/denominator of the claimed-slot load at which writers start a
 /// resize, and at which they force one before claiming.
 ///
-/// Growth at 50%: linear probing's tail grows fast with load. Measured with
-/// a seeded multiplicative hash over 19 seeds at 50k keys, the longest
-/// probe sequence is 195 slots at 76% load, 55 at 61%, 35 at 50% (99.9th
+/// Growth at 50%: linear probing's tail grows fast with load. With a seeded
+/// multiplicative hash over 19 seeds at 50k keys, the longest probe
+/// sequence is 195 slots at 76% load, 55 at 61%, 35 at 50% (99.9th
 /// percentile 59 / 23 / 13). A hot address that lands at the end of a long
-/// cluster costs every lookup that many compares (5 ns vs 66 ns measured at
-/// 76%), so the table trades memory (about 74 bytes per single-value
-/// address at 50k instead of about 53) for a bounded tail.
+/// cluster costs every lookup that many compares, so the table trades
+/// memory (about 74 bytes per single-value address at 50k instead of about
+/// 53) for a bounded tail (BENCHMARKS.md, "Keys past their home pair").
 pub(crate) const GROW_AT: (usize, usize) = (1, 2);
 pub(crate) const FORCE_AT: (usize, usize) = (9, 10);
 
@@ -232,8 +218,8 @@ impl Table {
     /// mapped lazily. A writer's first access to a page is a read (`locate`, then
     /// the probe of `claim`), which maps the kernel's shared zero page, and
     /// its claim then takes a second fault to copy it: two faults per page,
-    /// about 3.4 µs per page on the project's VM against 2.0 µs for a page
-    /// written first (`BENCHMARKS.md`, "Registration"). A migration calls
+    /// against one for a page written first (`BENCHMARKS.md`,
+    /// "Registration", measures both). A migration calls
     /// this on the part of the new table its step corresponds to, so a
     /// table attached by growth is faulted in once per page, spread over
     /// its migration steps (no stall of the whole table on one insert). A
@@ -364,6 +350,8 @@ impl Table {
             return ptr::null_mut();
         }
         match self.probe_from(self.next(i + 1), key) {
+            // Acquire: pairs with the Release store that published the
+            // record into the slot; the record is initialised.
             Probe::Found(slot) => slot.rec.load(Ordering::Acquire),
             Probe::Absent => ptr::null_mut(),
         }
@@ -628,6 +616,10 @@ fn write_in_place(slot: &Slot) {
 mod loom_tests {
     //! loom models of the slot protocol: migration (claim in the new table,
     //! publish, mark `MOVED`) racing a reader and a copy-on-write writer.
+    //! Each atomic access of the models uses the ordering of the production
+    //! access it stands for (slot and future stores Release, their loads
+    //! Acquire, as in `table.rs`, `mod.rs` and `resize.rs`): the models
+    //! check exactly those pairings.
     //!
     //! `RUSTFLAGS="--cfg loom" cargo test --release --lib loom`
 
