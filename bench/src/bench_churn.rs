@@ -11,18 +11,19 @@
 //! held and let run in turn every 20 ms ([`WINDOW`]); while held it spins,
 //! so both kinds of window have the writer's CPU busy and differ only in
 //! its index operations. Each running window is divided by the mean of the
-//! held windows on either side, and the target is judged on the median of
-//! those ratios. On the project's VM a phase-level ratio moved by ±0.1 from
-//! the VM's own drift (`--bench churn`'s spin control read 0.85–0.99 in
-//! three runs one morning), which paired 20 ms windows cancel: in three
-//! `churn-alt` runs that morning all three controls read 0.98–1.01. Each
-//! phase (25 pairs, about a second) is still classed near or far by the
-//! round trip around it. `--rounds N` gives 3 N phases per variant.
+//! held windows on either side, and the table gives the median of those
+//! ratios. A ratio of whole phases, seconds apart, also carries whatever
+//! the shared machine did in between (a host moving vCPUs, other tenants'
+//! load), which can move it by more than the writer does; windows 20 ms
+//! apart see the same machine, so pairing them cancels that drift (compare
+//! the spin control of `--bench churn` and of `churn-alt`). Each phase (25
+//! pairs, about a second) is still classed near or far by the round trip
+//! around it. `--rounds N` gives 3 N phases per variant.
 //!
 //! `--bench churn-rates`: `churn-alt`'s `disjoint` and `hot-set` writers
 //! capped at 0.5, 1, 2 and 4 M operations a second ([`SWEEP_OPS`]) and flat
-//! out, with the spin control: where, between a busy attach/detach rate and
-//! a flood, the readers' loss crosses the target. The reader time lost per
+//! out, with the spin control: how the readers' loss grows between a busy
+//! attach/detach rate and a flood. The reader time lost per
 //! write is a cost per write; the ratio is that cost times the write rate.
 //!
 //! Variants:
@@ -62,11 +63,11 @@
 //! Each churning phase also records the core-to-core round trip between
 //! the reader's and the writer's CPUs, just before and just after it
 //! ([`round_trip_ns`](crate::churn::round_trip_ns)). Every line the two
-//! share costs the reader about half of it, and on a VM it changes when
-//! the host moves a vCPU (40–80 ns and 330 ns on the project's). The table
-//! gives the ratio over all phases, which is what the target is judged on,
-//! and split into phases near and far (above three times the run's lowest
-//! round trip), with the reader time lost per write in each.
+//! share costs the reader about half of it, and on a virtual machine it can
+//! change several-fold when the host moves a vCPU (see BENCHMARKS.md). The
+//! table gives the ratio over all phases, and split into phases near and
+//! far (above three times the run's lowest round trip), with the reader
+//! time lost per write in each.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -76,10 +77,10 @@ use fprobe::rcu;
 use crate::Config;
 use crate::addrs::{self, Workload};
 use crate::churn::{
-    ALTERNATION_HEADERS, Alternation, Churned, Fprobe, Gate, PAIRS, Pooled, RATIO_HEADER,
-    SUMMARY_HEADERS, alternating, alternation_cells, alternation_cutoff, alternation_rows,
-    churn_disjoint, churn_hot, churn_recycled, churning, idle, near_cutoff, or_dash,
-    print_alternation_table, summary_cells,
+    ALTERNATION_HEADERS, Alternation, Churned, Fprobe, Gate, PAIRS, Pooled, SUMMARY_HEADERS,
+    alternating, alternation_cells, alternation_cutoff, alternation_rows, churn_disjoint,
+    churn_hot, churn_recycled, churning, idle, near_cutoff, or_dash, print_alternation_table,
+    summary_cells,
 };
 use crate::impls::{self, BATCH};
 use crate::report::{self, Row};
@@ -112,9 +113,9 @@ const RECYCLED: u64 = 65_536;
 /// Rate of the paced writer: a busy attach/detach workload, not a flood.
 const PACED_OPS: f64 = 10_000.0;
 
-/// A rate between the paced writer and the flat-out one (5–12 M ops/s on
-/// the project's VM), to show where on the way the hot-set readers' loss
-/// comes.
+/// A rate between the paced writer and the flat-out one (several million
+/// operations a second; see BENCHMARKS.md), to show where on the way the
+/// hot-set readers' loss comes.
 const MILLION_OPS: f64 = 1_000_000.0;
 
 /// The caps `--bench churn-rates` runs each writer at, below flat out.
@@ -369,20 +370,14 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
         let phases: Vec<&[Alternation]> = pooled.iter().map(|v| &v.alternations[..]).collect();
         let cutoff = alternation_cutoff(&phases);
         let headers: Vec<&str> = std::iter::once("variant")
-            .chain(ALTERNATION_HEADERS.map(|h| {
-                if h == RATIO_HEADER {
-                    "running ÷ held, paired windows (median, target ≥ 0.9×)"
-                } else {
-                    h
-                }
-            }))
+            .chain(ALTERNATION_HEADERS)
             .chain(["reclaimer grace periods/s", "tables attached/s"])
             .collect();
         let mut rows = Vec::new();
         let mut body = Vec::new();
         for ((variant, _, _), v) in variants.iter().zip(&pooled) {
             let mut cells = vec![variant.clone()];
-            cells.extend(alternation_cells(&v.alternations, cutoff, Some(0.9)));
+            cells.extend(alternation_cells(&v.alternations, cutoff));
             cells.push(format!("{:.0}", stats::median(&v.gps)));
             cells.push(format!("{:.0}", stats::median(&v.tables)));
             body.push(cells);
@@ -409,7 +404,7 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
             format!("{:.0}", stats::median(&v.gps)),
             format!("{:.0}", stats::median(&v.tables)),
         ]);
-        cells.extend(summary_cells(p, cutoff, Some(0.9)));
+        cells.extend(summary_cells(p, cutoff));
         body.push(cells);
         for (imp, s) in [
             ("fprobe, writer idle", &p.idle),
@@ -435,7 +430,7 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
             "reclaimer grace periods/s",
             "tables attached/s",
             SUMMARY_HEADERS[0],
-            "churn ÷ idle, all phases (medians, target ≥ 0.9×)",
+            SUMMARY_HEADERS[1],
             SUMMARY_HEADERS[2],
             SUMMARY_HEADERS[3],
             SUMMARY_HEADERS[4],

@@ -252,7 +252,7 @@ fn run_mode(cfg: &Config, alternate: bool) -> Vec<Row> {
             let cutoff = alternation_cutoff(&all);
             for ((name, _), p) in maps.iter().zip(&phases) {
                 let mut row = vec![variant.to_string(), name.to_string()];
-                row.extend(alternation_cells(p, cutoff, None));
+                row.extend(alternation_cells(p, cutoff));
                 body.push(row);
                 rows.extend(alternation_rows(bench, variant, n, name, p));
             }
@@ -296,7 +296,7 @@ fn run_mode(cfg: &Config, alternate: bool) -> Vec<Row> {
             let mut row = vec![variant.to_string(), name.to_string()];
             row.extend(p.rate_cells());
             row.push(format!("{:.4}", p.writes() / 1e6));
-            row.extend(summary_cells(p, cutoff, None));
+            row.extend(summary_cells(p, cutoff));
             body.push(row);
             for (imp, s) in [("writer idle", &p.idle), ("writer churning", &churned)] {
                 rows.push(Row::rate(

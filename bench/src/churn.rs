@@ -317,8 +317,8 @@ impl Alternation {
 /// The writer is started once and keeps its state (its window of live
 /// addresses, its pace) across the pauses, and it spins while held, so
 /// the two kinds of window differ only in its index operations; the
-/// shared machine's slower drifts, seconds long on the project's VM, fall
-/// on both alike.
+/// shared machine's slower drifts (a host moving vCPUs, other tenants'
+/// load), which last seconds, fall on both alike.
 pub fn alternating(
     cfg: &Config,
     stream: &[u64],
@@ -400,10 +400,11 @@ const ROUND_TRIPS: u64 = 20_000;
 /// fewer than two CPUs or if either thread cannot be pinned.
 ///
 /// A reader pays about half of it for each line the writer changed under it.
-/// On the project's VM it is not a constant: 40–80 ns most of the time and
-/// about 330 ns for stretches of seconds, when the host places the two vCPUs
-/// far apart. Every line the writer and the reader share costs that much
-/// more then, so the churn benchmarks record it per phase.
+/// On a virtual machine it need not be a constant: the host may place the
+/// two vCPUs far apart for stretches of seconds, and the round trip grows
+/// several-fold then (see BENCHMARKS.md). Every line the writer and the
+/// reader share costs that much more then, so the churn benchmarks record
+/// it per phase.
 pub fn round_trip_ns(cpus: &[usize]) -> Option<f64> {
     #[repr(align(128))]
     struct Line(AtomicU64);
@@ -553,9 +554,9 @@ impl Pooled {
 
 /// The round trip above which a churning phase counts as [`Placement::Far`]:
 /// three times the lowest round trip measured in the run (`None` when no
-/// phase measured one). On the project's VM that separates the 40–80 ns
-/// placements from the 330 ns one; a run that never left one placement
-/// counts every phase as near.
+/// phase measured one). That separates a host's near placements of the two
+/// vCPUs from a far one several times slower; a run that never left one
+/// placement counts every phase as near.
 pub fn near_cutoff<'a>(pools: impl IntoIterator<Item = &'a Pooled>) -> Option<f64> {
     cutoff_above(
         pools
@@ -604,19 +605,9 @@ pub const SUMMARY_HEADERS: [&str; 5] = [
 ];
 
 /// The placement-aware cells of one variant's row: round trip, the ratio
-/// over all phases and over each placement (with a verdict against
-/// `target` where one is given), and the reader time lost per write.
-pub fn summary_cells(p: &Pooled, cutoff: Option<f64>, target: Option<f64>) -> Vec<String> {
-    let verdict = |r: f64| match target {
-        Some(t) if r.is_finite() => {
-            if r >= t {
-                " met"
-            } else {
-                " **missed**"
-            }
-        }
-        _ => "",
-    };
+/// over all phases and over each placement, and the reader time lost per
+/// write.
+pub fn summary_cells(p: &Pooled, cutoff: Option<f64>) -> Vec<String> {
     let ratio = p.ratio();
     let (near, far) = (
         p.ratio_at(Placement::Near, cutoff),
@@ -626,7 +617,7 @@ pub fn summary_cells(p: &Pooled, cutoff: Option<f64>, target: Option<f64>) -> Ve
         if n == 0 {
             "— (0)".to_string()
         } else {
-            format!("{r:.3}×{} ({n})", verdict(r))
+            format!("{r:.3}× ({n})")
         }
     };
     vec![
@@ -636,7 +627,7 @@ pub fn summary_cells(p: &Pooled, cutoff: Option<f64>, target: Option<f64>) -> Ve
             far.1,
             p.churn.len()
         ),
-        format!("{ratio:.3}×{}", verdict(ratio)),
+        format!("{ratio:.3}×"),
         cell(near),
         cell(far),
         format!(
@@ -647,17 +638,13 @@ pub fn summary_cells(p: &Pooled, cutoff: Option<f64>, target: Option<f64>) -> Ve
     ]
 }
 
-/// The header of [`alternation_cells`]'s ratio, which a table with a
-/// target names in its own words.
-pub const RATIO_HEADER: &str = "running ÷ held, paired windows (median)";
-
 /// Headers of the cells [`alternation_cells`] makes.
 pub const ALTERNATION_HEADERS: [&str; 8] = [
     "reader M/s, writer held (median window)",
     "reader M/s, writer running",
     "writer M ops/s while running",
     "round trip ns, median (far phases)",
-    RATIO_HEADER,
+    "running ÷ held, paired windows (median)",
     "spread of the paired ratios (p25–p75)",
     "near phases / far phases",
     "reader ns lost per write, near / far",
@@ -682,13 +669,8 @@ pub fn alternation_cutoff(variants: &[&[Alternation]]) -> Option<f64> {
     )
 }
 
-/// One variant's (or map's) cells under [`ALTERNATION_HEADERS`], with a
-/// verdict against `target` where one is given.
-pub fn alternation_cells(
-    phases: &[Alternation],
-    cutoff: Option<f64>,
-    target: Option<f64>,
-) -> Vec<String> {
+/// One variant's (or map's) cells under [`ALTERNATION_HEADERS`].
+pub fn alternation_cells(phases: &[Alternation], cutoff: Option<f64>) -> Vec<String> {
     let far = |a: &Alternation| Placement::of(a.round_trip, cutoff) == Placement::Far;
     let ratios = |keep: &dyn Fn(&Alternation) -> bool| -> Vec<f64> {
         phases
@@ -700,11 +682,6 @@ pub fn alternation_cells(
     let all = ratios(&|_| true);
     let (near_r, far_r) = (ratios(&|a| !far(a)), ratios(&|a| far(a)));
     let n_far = phases.iter().filter(|a| far(a)).count();
-    let verdict = |r: f64| match target {
-        Some(t) if r >= t => " met",
-        Some(_) => " **missed**",
-        None => "",
-    };
     let writes = stats::median(&phases.iter().map(|a| a.writes).collect::<Vec<_>>());
     let lost = |keep: &dyn Fn(&Alternation) -> bool| {
         median_lost_per_write(
@@ -719,7 +696,7 @@ pub fn alternation_cells(
             "— (0)".to_string()
         } else {
             let m = stats::median(r);
-            format!("{m:.3}×{} ({n})", verdict(m))
+            format!("{m:.3}× ({n})")
         }
     };
     let rts: Vec<f64> = phases.iter().filter_map(|a| a.round_trip).collect();
@@ -734,7 +711,7 @@ pub fn alternation_cells(
             or_dash((!rts.is_empty()).then(|| stats::median(&rts)), 0),
             phases.len()
         ),
-        format!("{m:.3}×{}", verdict(m)),
+        format!("{m:.3}×"),
         format!(
             "{:.3}–{:.3}",
             stats::percentile(&all, 0.25),

@@ -1,6 +1,6 @@
 //! `bench_trigger` for fprobe's userspace data structures: a multi-thread
 //! throughput harness after the kernel's
-//! `tools/testing/selftests/bpf/bench_trigger.c` (REFERENCE.md §2).
+//! `tools/testing/selftests/bpf/bench_trigger.c`.
 //!
 //! ```text
 //! cargo run --release -p fprobe-bench                      # lookup, both workloads, 1..=nproc threads
