@@ -12,7 +12,7 @@ fn cached<V: Clone + Send + Sync + 'static>(ways: usize) -> AddrIndex<V> {
 
 fn cached_mode<V: Clone + Send + Sync + 'static>(ways: usize, per_cpu: bool) -> AddrIndex<V> {
     AddrIndex::builder()
-        .min_capacity(8)
+        .min_slots(8)
         .hit_cache(
             HitCacheConfig::default()
                 .entries(64)
@@ -75,7 +75,7 @@ fn cached_and_uncached_agree_through_resizes() {
     };
     for (&ways, per_cpu) in all_ways.iter().flat_map(|w| [(w, false), (w, true)]) {
         let c = cached_mode::<u64>(ways, per_cpu);
-        let u: AddrIndex<u64> = AddrIndex::builder().min_capacity(8).build().unwrap();
+        let u: AddrIndex<u64> = AddrIndex::builder().min_slots(8).build().unwrap();
         let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ ways as u64;
         let mut ids = Vec::new();
         for step in 0..steps {

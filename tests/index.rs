@@ -10,7 +10,7 @@ use proptest::prelude::*;
 
 fn small() -> AddrIndex<u64> {
     AddrIndex::builder()
-        .min_capacity(8)
+        .min_slots(8)
         .stripes(4)
         .hash_seed(7)
         .build()
@@ -139,7 +139,7 @@ fn growth_from_empty_doubles_each_time() {
         }
         let s = index.stats();
         assert_eq!(
-            (s.capacity, s.resizes),
+            (s.home_slots, s.resizes),
             (131_072, 11),
             "{stripes} stripes: {s:?}"
         );
@@ -177,7 +177,7 @@ fn tombstone_churn_resizes_are_amortised() {
         s.resizes - before
     );
     // Never more than twice what 50% load needs.
-    assert!(s.capacity <= 65_536, "{s:?}");
+    assert!(s.home_slots <= 65_536, "{s:?}");
 }
 
 /// Migration with many stripes (a step takes every stripe lock, and its
@@ -188,7 +188,7 @@ fn tombstone_churn_resizes_are_amortised() {
 fn many_stripes_migrate_under_concurrent_writers() {
     let index = AddrIndex::builder()
         .stripes(1024)
-        .min_capacity(8)
+        .min_slots(8)
         .build()
         .unwrap();
     let threads = 4u64;
@@ -262,7 +262,7 @@ fn insert_many_is_all_or_nothing() {
 /// input order after the existing ones, with ids that remove exactly them.
 #[test]
 fn insert_many_with_repeated_addresses_keeps_input_order() {
-    let index = AddrIndex::builder().min_capacity(8).build().unwrap();
+    let index = AddrIndex::builder().min_slots(8).build().unwrap();
     let old = index.insert(7, u64::MAX).unwrap();
     let n = if cfg!(miri) { 60 } else { 3000 };
     let batch: Vec<(u64, u64)> = (0..n)
@@ -323,7 +323,7 @@ fn rollback_after_concurrent_fill(in_read_section: bool) {
         let index = Arc::new(
             AddrIndex::builder()
                 .max_addresses((n + k) as usize)
-                .min_capacity(8)
+                .min_slots(8)
                 .build()
                 .unwrap(),
         );
@@ -371,8 +371,8 @@ fn rollback_after_concurrent_fill(in_read_section: bool) {
 #[test]
 fn builder_rejects_bad_configuration() {
     let bad = [
-        AddrIndex::<u8>::builder().min_capacity(0).build().err(),
-        AddrIndex::<u8>::builder().min_capacity(100).build().err(),
+        AddrIndex::<u8>::builder().min_slots(0).build().err(),
+        AddrIndex::<u8>::builder().min_slots(100).build().err(),
         AddrIndex::<u8>::builder().stripes(3).build().err(),
         AddrIndex::<u8>::builder().max_addresses(0).build().err(),
         AddrIndex::<u8>::builder()
@@ -425,7 +425,7 @@ fn insert_many_undone_when_a_clone_panics() {
         live.fetch_add(1, Ordering::Relaxed);
         Fragile(v, live.clone())
     };
-    let index = AddrIndex::builder().min_capacity(8).build().unwrap();
+    let index = AddrIndex::builder().min_slots(8).build().unwrap();
     let old = if cfg!(miri) { 20 } else { 200u64 };
     for a in 0..old {
         index.insert(a, mk(a)).unwrap();
@@ -485,7 +485,7 @@ fn a_panicking_destructor_does_not_stop_the_others() {
         live.fetch_add(1, Ordering::Relaxed);
         Tick(v, live.clone())
     };
-    let index = AddrIndex::builder().min_capacity(8).build().unwrap();
+    let index = AddrIndex::builder().min_slots(8).build().unwrap();
     for a in 0..50u64 {
         index.insert(a, mk(a)).unwrap();
     }
@@ -517,7 +517,7 @@ fn clear_and_drop_release_every_value() {
         live.fetch_add(1, Ordering::Relaxed);
         Counted(live.clone())
     };
-    let index = AddrIndex::builder().min_capacity(8).build().unwrap();
+    let index = AddrIndex::builder().min_slots(8).build().unwrap();
     for a in 0..500u64 {
         index.insert(a % 97, mk(&live)).unwrap();
     }
@@ -541,7 +541,7 @@ fn clear_and_drop_release_every_value() {
 #[test]
 fn resizes_grow_and_shrink() {
     let index = AddrIndex::builder()
-        .min_capacity(8)
+        .min_slots(8)
         .auto_shrink(true)
         .build()
         .unwrap();
@@ -552,7 +552,7 @@ fn resizes_grow_and_shrink() {
     }
     let grown = index.stats();
     assert!(
-        grown.capacity >= n as usize && grown.resizes > 5,
+        grown.home_slots >= n as usize && grown.resizes > 5,
         "{grown:?}"
     );
     for (a, id) in (0..n).zip(&ids).skip(100) {
@@ -563,7 +563,7 @@ fn resizes_grow_and_shrink() {
     }
     let shrunk = index.stats();
     assert!(
-        shrunk.capacity <= grown.capacity / 4,
+        shrunk.home_slots <= grown.home_slots / 4,
         "{grown:?} -> {shrunk:?}"
     );
 }
@@ -726,7 +726,7 @@ fn concurrent_stress() {
         Arc::new((0..MAX_SERIALS).map(|_| AtomicUsize::new(0)).collect());
     let index = Arc::new(
         AddrIndex::builder()
-            .min_capacity(8)
+            .min_slots(8)
             .auto_shrink(true)
             .stripes(4)
             .build()
@@ -894,7 +894,7 @@ fn readers_see_permanent_keys_through_huge_table_resizes() {
 fn permanent_keys_through_resizes(churn: u64, bulk: bool) {
     let index = Arc::new(
         AddrIndex::builder()
-            .min_capacity(8)
+            .min_slots(8)
             .auto_shrink(true)
             .build()
             .unwrap(),
@@ -934,7 +934,7 @@ fn permanent_keys_through_resizes(churn: u64, bulk: bool) {
                 .map(|a| index.insert(1 << 40 | a, a).unwrap())
                 .collect()
         };
-        largest = largest.max(index.stats().capacity);
+        largest = largest.max(index.stats().home_slots);
         for (a, id) in (0..churn).zip(ids) {
             index.remove(1 << 40 | a, id).unwrap();
         }
@@ -952,5 +952,5 @@ fn permanent_keys_through_resizes(churn: u64, bulk: bool) {
     );
     // Shrunk back below the churn: the large tables were retired (and
     // freed after their grace periods) while the readers ran.
-    assert!(s.capacity < churn as usize, "{s:?}");
+    assert!(s.home_slots < churn as usize, "{s:?}");
 }

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use fprobe::retinst::{Miss, ProbeRef, RetInstPool};
+use fprobe::retinst::{ProbeRef, PushMiss, RetInstPool};
 
 const N: usize = if cfg!(miri) { 50 } else { 300_000 };
 /// Minimum running time of the scanner stress test (not under miri).
@@ -12,7 +12,7 @@ const STRESS_TIME: std::time::Duration =
 
 fn probe(id: u64) -> ProbeRef {
     ProbeRef {
-        id,
+        slot: id,
         generation: id * 10,
     }
 }
@@ -54,12 +54,12 @@ fn misses_by_cause() {
     let mut b = pool.register_thread();
     a.push(probe(1), 0, 0).unwrap();
     a.push(probe(1), 0, 0).unwrap();
-    assert_eq!(a.push(probe(1), 0, 0), Err(Miss::DepthOverflow));
+    assert_eq!(a.push(probe(1), 0, 0), Err(PushMiss::DepthOverflow));
     b.push(probe(2), 0, 0).unwrap();
-    assert_eq!(b.push(probe(2), 0, 0), Err(Miss::PoolExhausted));
+    assert_eq!(b.push(probe(2), 0, 0), Err(PushMiss::PoolExhausted));
     let s = pool.stats();
-    assert_eq!((s.nmissed_depth, s.nmissed_exhausted, s.threads), (1, 1, 2));
-    assert!(!Miss::PoolExhausted.to_string().is_empty());
+    assert_eq!((s.missed_depth, s.missed_exhausted, s.threads), (1, 1, 2));
+    assert!(!PushMiss::PoolExhausted.to_string().is_empty());
     // Dropping a stack with instances in flight gives them back.
     drop(a);
     assert_eq!(pool.stats().threads, 1);
@@ -79,7 +79,7 @@ fn finished_instances_are_reused_locally() {
     let other = pool.clone();
     std::thread::spawn(move || {
         let mut s = other.register_thread();
-        assert_eq!(s.push(probe(1), 0, 0), Err(Miss::PoolExhausted));
+        assert_eq!(s.push(probe(1), 0, 0), Err(PushMiss::PoolExhausted));
     })
     .join()
     .unwrap();
@@ -166,7 +166,7 @@ fn reuse_is_safe_against_a_concurrent_scanner() {
                                 data.copy_from_slice(&id.to_le_bytes());
                                 pushed += 1;
                             }
-                            Err(Miss::PoolExhausted) => {
+                            Err(PushMiss::PoolExhausted) => {
                                 exhausted.fetch_add(1, Ordering::Relaxed);
                             }
                             Err(e) => panic!("unexpected miss {e}"),
@@ -200,14 +200,14 @@ fn reuse_is_safe_against_a_concurrent_scanner() {
         });
     });
     let stats = pool.stats();
-    assert_eq!(stats.nmissed_depth, 0);
-    assert_eq!(stats.nmissed_exhausted, exhausted.load(Ordering::Relaxed));
+    assert_eq!(stats.missed_depth, 0);
+    assert_eq!(stats.missed_exhausted, exhausted.load(Ordering::Relaxed));
     assert!(stats.scans > 0);
     eprintln!(
         "scans: {}, expired instances seen: {}, pushes missed (exhausted): {}",
         stats.scans,
         expired_seen.load(Ordering::Relaxed),
-        stats.nmissed_exhausted
+        stats.missed_exhausted
     );
 }
 

@@ -48,7 +48,7 @@ fn entry_and_return_with_reuse_do_not_allocate() {
         .unwrap();
     let mut stack = pool.register_thread();
     let probe = ProbeRef {
-        id: 3,
+        slot: 3,
         generation: 1,
     };
     let one_round = |stack: &mut fprobe::retinst::ReturnStack, i: usize| {

@@ -170,7 +170,7 @@ fn soak_index_lookups_against_writes_and_resizes() {
     });
     let index: Arc<AddrIndex<Val>> = Arc::new(
         AddrIndex::builder()
-            .min_capacity(8)
+            .min_slots(8)
             .auto_shrink(true)
             .build()
             .unwrap(),

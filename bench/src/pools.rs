@@ -165,7 +165,7 @@ struct BoxedRi {
 }
 
 const PROBE: ProbeRef = ProbeRef {
-    id: 1,
+    slot: 1,
     generation: 1,
 };
 const ADDR: u64 = 0x40_1000;
@@ -292,9 +292,6 @@ impl Pools {
     /// Pops that found no instance so far: `(ObjPool, retinst)`.
     pub fn nmissed(&self) -> (u64, u64) {
         let r = self.retinst.stats();
-        (
-            self.objpool.nmissed(),
-            r.nmissed_exhausted + r.nmissed_depth,
-        )
+        (self.objpool.nmissed(), r.missed_exhausted + r.missed_depth)
     }
 }

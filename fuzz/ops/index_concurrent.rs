@@ -189,7 +189,7 @@ fn worker(index: &AddrIndex<Val>, me: usize, ops: &[Op], live_count: &Arc<Atomic
 pub fn run(threads: usize, ops: &[Op]) {
     let live_count = Arc::new(AtomicIsize::new(0));
     let index: AddrIndex<Val> = AddrIndex::builder()
-        .min_capacity(8)
+        .min_slots(8)
         .auto_shrink(true)
         .stripes(2)
         .build()

@@ -62,7 +62,7 @@ pub fn check_all(index: &AddrIndex<u32>, model: &Model) {
 /// Runs `ops` on a fresh, tiny (resize-happy) index and checks every step.
 pub fn run(ops: &[Op]) {
     let index: AddrIndex<u32> = AddrIndex::builder()
-        .min_capacity(8)
+        .min_slots(8)
         .auto_shrink(true)
         .stripes(2)
         .build()

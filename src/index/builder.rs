@@ -11,8 +11,8 @@ use crate::error::Error;
 ///
 /// | setting | default |
 /// |---|---|
-/// | [`capacity`](Self::capacity) (addresses to presize for) | 0: start at `min_capacity` slots |
-/// | [`min_capacity`](Self::min_capacity) (home slots, power of two) | 64 |
+/// | [`capacity`](Self::capacity) (addresses to presize for) | 0: start at `min_slots` slots |
+/// | [`min_slots`](Self::min_slots) (home slots, power of two) | 64 |
 /// | [`max_addresses`](Self::max_addresses) | unlimited |
 /// | [`auto_shrink`](Self::auto_shrink) (below 12.5% load) | off |
 /// | [`hash_seed`](Self::hash_seed) | random per index |
@@ -99,9 +99,9 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
     }
 
     /// Smallest table, in home slots (see
-    /// [`IndexStats::capacity`](crate::IndexStats::capacity)): a power of
+    /// [`IndexStats::home_slots`](crate::IndexStats::home_slots)): a power of
     /// two, at least 8.
-    pub fn min_capacity(mut self, slots: usize) -> Self {
+    pub fn min_slots(mut self, slots: usize) -> Self {
         self.min_capacity = slots;
         self
     }

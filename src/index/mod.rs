@@ -185,7 +185,7 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
     ///
     /// ```
     /// let index = fprobe::AddrIndex::<u32>::with_capacity(50_000);
-    /// assert!(index.stats().capacity >= 50_000);
+    /// assert!(index.stats().home_slots >= 50_000);
     /// ```
     pub fn with_capacity(addresses: usize) -> Self {
         Self::builder()
@@ -507,7 +507,7 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
         let r = self.raw.stats();
         let bytes = r.table_bytes + r.record_bytes;
         IndexStats {
-            capacity: r.capacity,
+            home_slots: r.capacity,
             tables: r.tables,
             addresses: r.addrs,
             values: r.values,
@@ -566,14 +566,14 @@ impl<'g, V: 'g> Iterator for Iter<'g, V> {
 pub struct IndexStats {
     /// Home slots in the newest table (a power of two; the table holds one
     /// more, the slot that probe sequences run through before they wrap).
-    pub capacity: usize,
+    pub home_slots: usize,
     /// Tables in the chain: 2 while a resize is migrating, else 1.
     pub tables: usize,
     /// Addresses with at least one value.
     pub addresses: usize,
     /// Values.
     pub values: usize,
-    /// `addresses / capacity`.
+    /// `addresses / home_slots`.
     pub load_factor: f64,
     /// Slots of the newest table holding a key (live, emptied, or moved).
     pub claimed_slots: usize,

@@ -8,7 +8,7 @@
 //!   a data area of `data_size` bytes, in an [`ObjPool`](crate::ObjPool).
 //! * Each thread registers once and gets its [`ReturnStack`] (keep it in a
 //!   thread-local). At function entry, [`ReturnStack::push`] records the
-//!   probe's identity ([`ProbeRef`]: id + generation), the address, and
+//!   probe's identity ([`ProbeRef`]: slot + generation), the address, and
 //!   hands out the instance's data area; at return, [`ReturnStack::pop`]
 //!   gives the instance back as a [`ReturnInstance`].
 //! * A finished instance goes onto the thread's own LIFO and is reused by
@@ -17,7 +17,7 @@
 //!   way). Only a thread that has none
 //!   draws from the shared object pool.
 //! * The stack is bounded (`max_depth`); misses are returned as values, by
-//!   cause ([`Miss::DepthOverflow`], [`Miss::PoolExhausted`]), and counted
+//!   cause ([`PushMiss::DepthOverflow`], [`PushMiss::PoolExhausted`]), and counted
 //!   ([`RetInstPool::stats`]). A push that missed has no matching pop.
 //! * [`RetInstPool::expire`] is the concurrent scanner an unregister needs:
 //!   it marks every in-flight instance of a probe expired, so its exit
@@ -32,7 +32,7 @@
 //! use fprobe::retinst::{ProbeRef, RetInstPool, ReturnStack};
 //!
 //! let pool = RetInstPool::builder().instances(256).data_size(16).build().unwrap();
-//! let probe = ProbeRef { id: 7, generation: 1 };
+//! let probe = ProbeRef { slot: 7, generation: 1 };
 //!
 //! thread_local! {
 //!     static STACK: RefCell<Option<ReturnStack>> = const { RefCell::new(None) };
@@ -58,7 +58,7 @@
 //! * An instance returned by [`ReturnStack::pop`] is the one most recently
 //!   pushed and not yet popped on that stack, with the fields and data its
 //!   push stored.
-//! * [`RetInstPool::expire`]`(id)` marks every instance of probe `id` that
+//! * [`RetInstPool::expire`]`(slot)` marks every instance of probe `slot` that
 //!   was in flight (pushed, not yet popped) when it was called; instances
 //!   pushed while it runs may or may not be marked. It never marks an
 //!   instance of another probe, even when instances are reused concurrently.
@@ -98,13 +98,14 @@ use crate::objpool::{ObjPoolBuilder, ObjPoolError};
 use crate::sync::Ordering;
 
 /// The identity of a probe as a return instance records it: the exit path
-/// checks the generation, not just the id, so a probe unregistered and a new
-/// one registered under the same id are told apart.
+/// checks the generation, not just the slot, so a probe unregistered and a new
+/// one registered in the same slot are told apart.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ProbeRef {
-    /// The probe's id.
-    pub id: u64,
-    /// The probe's generation (bumped each time the id is reused).
+    /// The probe's slot (its number among the engine's probes, as in
+    /// [`ProbeHandle`](crate::probe::ProbeHandle)).
+    pub slot: u64,
+    /// The probe's generation (bumped each time the slot is reused).
     pub generation: u64,
 }
 
@@ -112,14 +113,14 @@ pub struct ProbeRef {
 /// cause).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Miss {
+pub enum PushMiss {
     /// The thread's stack already holds `max_depth` instances.
     DepthOverflow,
     /// The thread has no finished instance and the pool is exhausted.
     PoolExhausted,
 }
 
-impl fmt::Display for Miss {
+impl fmt::Display for PushMiss {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::DepthOverflow => "return stack depth exceeded",
@@ -128,16 +129,16 @@ impl fmt::Display for Miss {
     }
 }
 
-impl std::error::Error for Miss {}
+impl std::error::Error for PushMiss {}
 
 /// Counters of a [`RetInstPool`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RetInstStats {
     /// Pushes missed because the stack was full.
-    pub nmissed_depth: u64,
+    pub missed_depth: u64,
     /// Pushes missed because no instance was free.
-    pub nmissed_exhausted: u64,
+    pub missed_exhausted: u64,
     /// Threads with a registered [`ReturnStack`] now.
     pub threads: usize,
     /// Completed [`RetInstPool::expire`] scans.
@@ -192,7 +193,7 @@ impl RetInstPool {
         }
     }
 
-    /// Marks every in-flight instance of probe `probe_id` expired (see the
+    /// Marks every in-flight instance of probe `probe_slot` expired (see the
     /// module's Consistency section); returns how many it marked.
     ///
     /// Blocks for one RCU grace period; scans are serialised.
@@ -208,12 +209,12 @@ impl RetInstPool {
     /// use fprobe::retinst::{ProbeRef, RetInstPool};
     /// let pool = RetInstPool::builder().build().unwrap();
     /// let mut stack = pool.register_thread();
-    /// stack.push(ProbeRef { id: 1, generation: 0 }, 0x10, 0).unwrap();
+    /// stack.push(ProbeRef { slot: 1, generation: 0 }, 0x10, 0).unwrap();
     /// assert_eq!(pool.expire(1), 1);
     /// assert!(stack.pop().unwrap().is_expired());
     /// ```
-    pub fn expire(&self, probe_id: u64) -> usize {
-        self.shared.expire(probe_id)
+    pub fn expire(&self, probe_slot: u64) -> usize {
+        self.shared.expire(probe_slot)
     }
 
     /// Size of each instance's data area in bytes.
@@ -245,17 +246,17 @@ impl RetInstPool {
     /// # Examples
     ///
     /// ```
-    /// use fprobe::retinst::{Miss, ProbeRef, RetInstPool};
+    /// use fprobe::retinst::{PushMiss, ProbeRef, RetInstPool};
     /// let pool = RetInstPool::builder().max_depth(0).build().unwrap();
     /// let mut stack = pool.register_thread();
-    /// assert_eq!(stack.push(ProbeRef::default(), 0, 0), Err(Miss::DepthOverflow));
-    /// assert_eq!(pool.stats().nmissed_depth, 1);
+    /// assert_eq!(stack.push(ProbeRef::default(), 0, 0), Err(PushMiss::DepthOverflow));
+    /// assert_eq!(pool.stats().missed_depth, 1);
     /// ```
     pub fn stats(&self) -> RetInstStats {
-        let (nmissed_depth, nmissed_exhausted, threads) = self.shared.miss_counts();
+        let (missed_depth, missed_exhausted, threads) = self.shared.miss_counts();
         RetInstStats {
-            nmissed_depth,
-            nmissed_exhausted,
+            missed_depth,
+            missed_exhausted,
             threads,
             scans: self.shared.scans(),
         }
@@ -396,7 +397,7 @@ impl RetInstPoolBuilder {
 /// use fprobe::retinst::{ProbeRef, RetInstPool};
 /// let pool = RetInstPool::builder().build().unwrap();
 /// let mut stack = pool.register_thread();
-/// let p = ProbeRef { id: 1, generation: 3 };
+/// let p = ProbeRef { slot: 1, generation: 3 };
 /// stack.push(p, 0xa, 0).unwrap();
 /// stack.push(p, 0xb, 0).unwrap(); // recursion
 /// assert_eq!(stack.pop().unwrap().addr(), 0xb);
@@ -423,8 +424,8 @@ impl ReturnStack {
     ///
     /// # Errors
     ///
-    /// [`Miss::DepthOverflow`] when the stack holds `max_depth` instances,
-    /// [`Miss::PoolExhausted`] when no instance is free; both are counted.
+    /// [`PushMiss::DepthOverflow`] when the stack holds `max_depth` instances,
+    /// [`PushMiss::PoolExhausted`] when no instance is free; both are counted.
     /// Nothing was pushed: do not pop at the function's return.
     ///
     /// # Panics
@@ -438,35 +439,40 @@ impl ReturnStack {
     /// use fprobe::retinst::{ProbeRef, RetInstPool};
     /// let pool = RetInstPool::builder().data_size(4).build().unwrap();
     /// let mut stack = pool.register_thread();
-    /// let data = stack.push(ProbeRef { id: 9, generation: 0 }, 0x40, 4).unwrap();
+    /// let data = stack.push(ProbeRef { slot: 9, generation: 0 }, 0x40, 4).unwrap();
     /// data.copy_from_slice(b"abcd");
     /// assert_eq!(stack.pop().unwrap().data(), b"abcd");
     /// ```
     #[inline]
-    pub fn push(&mut self, probe: ProbeRef, addr: u64, data_len: usize) -> Result<&mut [u8], Miss> {
+    pub fn push(
+        &mut self,
+        probe: ProbeRef,
+        addr: u64,
+        data_len: usize,
+    ) -> Result<&mut [u8], PushMiss> {
         assert!(
             data_len <= self.shared.data_size,
             "ReturnStack::push: data_len {data_len} exceeds the pool's data_size {}",
             self.shared.data_size
         );
         if self.depth >= self.shared.max_depth {
-            StackView::bump(&self.rec.nmissed_depth);
-            return Err(Miss::DepthOverflow);
+            StackView::bump(&self.rec.missed_depth);
+            return Err(PushMiss::DepthOverflow);
         }
         let index = match self.free.pop() {
             Some(index) => index,
             None => match self.shared.pool.raw_ref().pop() {
                 Some(index) => index,
                 None => {
-                    StackView::bump(&self.rec.nmissed_exhausted);
-                    return Err(Miss::PoolExhausted);
+                    StackView::bump(&self.rec.missed_exhausted);
+                    return Err(PushMiss::PoolExhausted);
                 }
             },
         };
         let shared = &*self.shared;
         let ri = shared.ri(index);
         // Relaxed: published to scanners by the Release slot store below.
-        ri.probe_id.store(probe.id, Ordering::Relaxed);
+        ri.probe_slot.store(probe.slot, Ordering::Relaxed);
         ri.generation.store(probe.generation, Ordering::Relaxed);
         ri.addr.store(addr, Ordering::Relaxed);
         ri.expired.store(false, Ordering::Relaxed);
@@ -499,9 +505,9 @@ impl ReturnStack {
     /// let pool = RetInstPool::builder().build().unwrap();
     /// let mut stack = pool.register_thread();
     /// assert!(stack.pop().is_none());
-    /// stack.push(ProbeRef { id: 2, generation: 5 }, 0x99, 0).unwrap();
+    /// stack.push(ProbeRef { slot: 2, generation: 5 }, 0x99, 0).unwrap();
     /// let ri = stack.pop().unwrap();
-    /// assert_eq!(ri.probe(), ProbeRef { id: 2, generation: 5 });
+    /// assert_eq!(ri.probe(), ProbeRef { slot: 2, generation: 5 });
     /// ```
     #[inline]
     pub fn pop(&mut self) -> Option<ReturnInstance<'_>> {
@@ -579,7 +585,7 @@ impl fmt::Debug for ReturnStack {
 /// use fprobe::retinst::{ProbeRef, RetInstPool};
 /// let pool = RetInstPool::builder().data_size(1).build().unwrap();
 /// let mut stack = pool.register_thread();
-/// stack.push(ProbeRef { id: 1, generation: 1 }, 0x1234, 1).unwrap()[0] = 7;
+/// stack.push(ProbeRef { slot: 1, generation: 1 }, 0x1234, 1).unwrap()[0] = 7;
 /// let mut ri = stack.pop().unwrap();
 /// assert_eq!((ri.addr(), ri.data()), (0x1234, &[7u8][..]));
 /// ri.data_mut()[0] = 8;
@@ -607,7 +613,7 @@ impl ReturnInstance<'_> {
         let ri = self.ri();
         // Relaxed: our own stores (the instance is held by this thread).
         ProbeRef {
-            id: ri.probe_id.load(Ordering::Relaxed),
+            slot: ri.probe_slot.load(Ordering::Relaxed),
             generation: ri.generation.load(Ordering::Relaxed),
         }
     }

@@ -5,7 +5,7 @@
 //! # Objects
 //!
 //! * [`RetInst`]: one return instance, an object of the [`ObjPool`]. Its
-//!   identity fields (probe id, generation, address, `expired`) are atomics
+//!   identity fields (probe slot, generation, address, `expired`) are atomics
 //!   because a scanner may read them from another thread; its data area is
 //!   owner-only.
 //! * [`StackView`]: one thread's shadow stack as scanners see it: `depth` and
@@ -65,7 +65,7 @@ use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, CachePadded, Mu
 pub(crate) struct RetInst {
     /// Identity of the probe the entry belongs to. Invariant: stored only
     /// by the owner before the instance is published in a slot (`Release`).
-    pub(crate) probe_id: AtomicU64,
+    pub(crate) probe_slot: AtomicU64,
     pub(crate) generation: AtomicU64,
     /// The probed function's address (or return address; the caller's choice).
     pub(crate) addr: AtomicU64,
@@ -95,7 +95,7 @@ unsafe impl Sync for RetInst {}
 impl RetInst {
     fn new(data_size: usize) -> Self {
         Self {
-            probe_id: AtomicU64::new(0),
+            probe_slot: AtomicU64::new(0),
             generation: AtomicU64::new(0),
             addr: AtomicU64::new(0),
             expired: AtomicBool::new(false),
@@ -122,8 +122,8 @@ pub(crate) struct StackView {
     /// Number of usable slots (`max_depth`).
     max_depth: usize,
     /// Misses by cause; owner-only stores (load + store, no RMW).
-    pub(crate) nmissed_depth: AtomicU64,
-    pub(crate) nmissed_exhausted: AtomicU64,
+    pub(crate) missed_depth: AtomicU64,
+    pub(crate) missed_exhausted: AtomicU64,
     /// Invariant: changed only under `PoolShared::records`' lock; `true` while
     /// a `ReturnStack` owns the record.
     pub(crate) in_use: AtomicBool,
@@ -137,8 +137,8 @@ impl StackView {
                 .map(|_| SlotBlock(std::array::from_fn(|_| AtomicU32::new(0))))
                 .collect(),
             max_depth,
-            nmissed_depth: AtomicU64::new(0),
-            nmissed_exhausted: AtomicU64::new(0),
+            missed_depth: AtomicU64::new(0),
+            missed_exhausted: AtomicU64::new(0),
             in_use: AtomicBool::new(true),
         }
     }
@@ -245,8 +245,8 @@ impl PoolShared {
         let records = lock(&self.records);
         records.iter().fold((0, 0, 0), |(d, e, n), r| {
             (
-                d + r.nmissed_depth.load(Ordering::Relaxed),
-                e + r.nmissed_exhausted.load(Ordering::Relaxed),
+                d + r.missed_depth.load(Ordering::Relaxed),
+                e + r.missed_exhausted.load(Ordering::Relaxed),
                 n + usize::from(r.in_use.load(Ordering::Relaxed)),
             )
         })
@@ -286,9 +286,9 @@ impl PoolShared {
         }
     }
 
-    /// Marks every in-flight instance of probe `probe_id` expired; returns
+    /// Marks every in-flight instance of probe `probe_slot` expired; returns
     /// how many it marked. Waits for an RCU grace period.
-    pub(crate) fn expire(&self, probe_id: u64) -> usize {
+    pub(crate) fn expire(&self, probe_slot: u64) -> usize {
         let _scan = lock(&self.scan_lock);
         let seq = self.scan_seq.load(Ordering::Relaxed).wrapping_add(1);
         debug_assert!(seq & 1 == 1);
@@ -306,7 +306,7 @@ impl PoolShared {
                 // Acquire: pairs with the Release slot store in `push`; the
                 // instance's identity fields are those of its current call.
                 let ri = self.ri(rec.slot(k).load(Ordering::Acquire));
-                if ri.probe_id.load(Ordering::Relaxed) == probe_id {
+                if ri.probe_slot.load(Ordering::Relaxed) == probe_slot {
                     ri.expired.store(true, Ordering::Relaxed);
                     marked += 1;
                 }
