@@ -77,14 +77,22 @@ std::thread_local! {
     /// Gives the index back when the thread exits.
     static RELEASE: Release = const { Release };
     /// Per [`CacheSlot`]: the `PerThread` this thread last found its value
-    /// in (its `id`; 0: none) and that value, a one-entry cache in front of
-    /// the buckets. Invariant: `LAST_VALUE[k]` is this thread's value in
-    /// the `PerThread` named by `LAST_ID[k]` whenever that is not 0;
-    /// written id-last (see `remember`).
-    static LAST_ID: [Cell<u64>; CACHE_SLOTS] = const { [const { Cell::new(0) }; CACHE_SLOTS] };
-    static LAST_VALUE: [Cell<*const ()>; CACHE_SLOTS] =
-        const { [const { Cell::new(std::ptr::null()) }; CACHE_SLOTS] };
+    /// in (its `id`; 0: none, [`BUSY`]: being written) and that value, a
+    /// one-entry cache in front of the buckets. Invariant: `LAST_VALUE[k]`
+    /// is this thread's value in the `PerThread` named by `LAST_ID[k]`
+    /// whenever that is neither 0 nor `BUSY`, except while `remember`
+    /// writes the pair (see there, and `get` for how a reader that a
+    /// signal handler interrupts, or that is a signal handler, copes).
+    /// Atomics, accessed Relaxed by this thread only, so that the compiler
+    /// fences order them against a signal handler on the same thread.
+    static LAST_ID: [AtomicU64; CACHE_SLOTS] =
+        const { [const { AtomicU64::new(0) }; CACHE_SLOTS] };
+    static LAST_VALUE: [AtomicPtr<()>; CACHE_SLOTS] =
+        const { [const { AtomicPtr::new(std::ptr::null_mut()) }; CACHE_SLOTS] };
 }
+
+/// `LAST_ID` while `remember` writes the pair: matches no `PerThread`.
+const BUSY: u64 = u64::MAX;
 
 const CACHE_SLOTS: usize = 3;
 
@@ -106,17 +114,28 @@ pub(crate) enum CacheSlot {
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Caches `value` as this thread's value in the `PerThread` `id`, in
-/// cache slot `k`. A signal handler that runs in between sees id 0 (a
-/// miss) or a whole pair.
+/// cache slot `k`.
+///
+/// Signal handlers on this thread are the only other users of the cells
+/// (Relaxed atomics; the compiler fences keep the program order). A
+/// handler that runs while the pair is written finds `BUSY`: its `get`
+/// misses, and its own `remember` returns without writing, so the pair
+/// this call writes stays whole. A handler that runs before `BUSY` is
+/// stored writes a whole pair of its own, which this call then replaces.
 #[inline]
 fn remember(k: usize, id: u64, value: *const ()) {
-    LAST_ID.with(|l| l[k].set(0));
-    // Signal handlers on this thread are the only other readers: compiler
-    // fences keep the three stores in this order (id cleared, value, id).
-    compiler_fence(Ordering::SeqCst);
-    LAST_VALUE.with(|l| l[k].set(value));
-    compiler_fence(Ordering::SeqCst);
-    LAST_ID.with(|l| l[k].set(id));
+    LAST_ID.with(|l| {
+        // Relaxed, all: this thread's own cells (see above).
+        if l[k].load(Ordering::Relaxed) == BUSY {
+            // We interrupted a `remember` of this thread: leave its pair.
+            return;
+        }
+        l[k].store(BUSY, Ordering::Relaxed);
+        compiler_fence(Ordering::SeqCst);
+        LAST_VALUE.with(|v| v[k].store(value.cast_mut(), Ordering::Relaxed));
+        compiler_fence(Ordering::SeqCst);
+        l[k].store(id, Ordering::Relaxed);
+    });
 }
 
 struct Release;
@@ -124,9 +143,14 @@ struct Release;
 impl Drop for Release {
     fn drop(&mut self) {
         let (bucket, offset, generation) = ID.get();
-        // The cached values belong to the index given back below.
-        LAST_ID.with(|l| l.iter().for_each(|c| c.set(0)));
+        // Exited first, then the cache cleared: a signal handler that runs
+        // in between finds no index (its lookups miss and remember
+        // nothing), so no cached value of the index given back below
+        // survives.
         ID.set((0, 0, EXITED));
+        compiler_fence(Ordering::SeqCst);
+        // Relaxed: this thread's own cells.
+        LAST_ID.with(|l| l.iter().for_each(|c| c.store(0, Ordering::Relaxed)));
         if generation != NONE && generation != EXITED {
             lock(&INDICES)
                 .free
@@ -229,12 +253,29 @@ impl<T> PerThread<T> {
     /// The calling thread's value, if it has one. Async-signal-safe.
     #[inline(always)]
     pub(crate) fn get(&self) -> Option<&T> {
-        if LAST_ID.with(|l| l[self.slot as usize].get()) == self.id {
-            // SAFETY: the invariant of `LAST_ID`: this thread's value in
-            // `self`, which lives (and keeps it) as long as `self`.
-            return Some(unsafe { &*LAST_VALUE.with(|l| l[self.slot as usize].get()).cast::<T>() });
+        let k = self.slot as usize;
+        // Id, value, id again (Relaxed: this thread's own cells, ordered by
+        // the compiler fences against its signal handlers): a handler that
+        // rewrote the pair between the two id loads leaves the second one
+        // different (it wrote `BUSY` and another id) or the same pair (the
+        // same id with the same value: each thread has one value per
+        // `PerThread`), so a match on both means the value belongs to the
+        // id.
+        let hit = LAST_ID.with(|l| {
+            if l[k].load(Ordering::Relaxed) != self.id {
+                return None;
+            }
+            compiler_fence(Ordering::SeqCst);
+            let v = LAST_VALUE.with(|v| v[k].load(Ordering::Relaxed));
+            compiler_fence(Ordering::SeqCst);
+            (l[k].load(Ordering::Relaxed) == self.id).then_some(v)
+        });
+        match hit {
+            // SAFETY: the invariant of `LAST_ID`, checked above: this
+            // thread's value in `self`, which lives as long as `self`.
+            Some(v) => Some(unsafe { &*v.cast::<T>() }),
+            None => self.get_uncached(),
         }
-        self.get_uncached()
     }
 
     /// [`get`](Self::get) through the buckets; remembers what it finds.

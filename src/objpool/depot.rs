@@ -46,8 +46,10 @@
 //!   someone else owns; the values are indices or [`EMPTY`] (bounded by the
 //!   batch length, so even a cycle ends) and the CAS fails.
 //! * **ABA.** The tag is 32 bits: a popper's CAS could succeed wrongly only
-//!   if `head` changed exactly `2^32` times, back to the same top, while
-//!   the popper was between its load and its CAS.
+//!   if `head` changed a multiple of `2^32` times, back to the same top,
+//!   while the popper was stopped between its load and its CAS. At tens of
+//!   millions of depot operations a second that is a stop of a minute or
+//!   more (a debugger, `SIGSTOP`) with the other threads busy meanwhile.
 
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 

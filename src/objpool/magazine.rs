@@ -7,8 +7,8 @@
 //! A magazine's `len` and `slots` are used by one thread at a time: its
 //! *owner* inside a **section** (a pop or push on the magazine), or a
 //! *claimer* (a popper stealing from it, or the pool's teardown). The owner
-//! pays no atomic read-modify-write and no fence; the claimer pays for
-//! both, as in the crate's RCU:
+//! pays no atomic read-modify-write and, with `membarrier(2)`, no fence;
+//! the claimer pays for both, as in the crate's RCU:
 //!
 //! ```text
 //! owner (enter)                     claimer (claim)
@@ -89,7 +89,9 @@ impl Magazine {
         if self.busy.load(Ordering::Relaxed) != 0 {
             return false;
         }
-        // Relaxed: the fence below orders it before the loads (module docs).
+        // Relaxed: the fence below (SeqCst mode) or membarrier(2) run by
+        // the claimer (asymmetric mode) orders it before the loads (module
+        // docs).
         self.busy.store(1, Ordering::Relaxed);
         if cfg!(fprobe_canary) {
             // Deliberately broken build (`--cfg fprobe_canary`): no fence on

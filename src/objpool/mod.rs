@@ -11,7 +11,9 @@
 //! * a **magazine**: a small stack (at most
 //!   [`thread_cache`](ObjPoolBuilder::thread_cache) indices) that belongs
 //!   to one thread and that its owner uses with plain loads and stores, no
-//!   atomic read-modify-write and no fence (`objpool/magazine.rs`);
+//!   atomic read-modify-write and no fence where the kernel has
+//!   `membarrier(2)` (a `SeqCst` fence where it has not:
+//!   `objpool/magazine.rs`);
 //! * the **depot**: a lock-free stack shared by all threads, which
 //!   magazines refill from and flush to in batches of half their capacity,
 //!   one CAS per batch (`objpool/depot.rs`).
@@ -75,17 +77,26 @@
 //! Acquire, or program order within one thread). An object is held by at
 //! most one [`PoolObj`] at a time and never lost.
 //!
-//! **When a pop returns `None`.** Only when every free object is in a
-//! magazine whose thread is, at that moment, itself inside a pop or push
-//! of this pool: an owner inside its section (preempted there, or
-//! interrupted by a signal handler), or another popper stealing from it.
-//! So at most `k = c × t` free objects can be missed, where `c` is
-//! [`ObjPool::thread_cache`] and `t` the number of threads inside a pop or
-//! push of the pool at that instant (for a single-threaded program, or
-//! whenever no other thread is inside the pool, `k = 0`: a pop fails only
-//! when every object is held). Objects in the depot are never missed: a
-//! thread preempted in the middle of a depot operation has changed nothing
-//! shared.
+//! **When a pop returns `None`.** A failing pop found the depot empty
+//! and then looked at the magazines one after the other, so a free object
+//! can escape it only by being, while the pop ran, in a magazine it could
+//! not claim (its owner inside a section: preempted there, or interrupted
+//! by a signal handler; or another popper stealing from it), in a magazine
+//! it looked at before the object arrived there, or in a stealer's hands
+//! on its way to the depot. All of these need another pop or push of the
+//! pool running during the failing pop (an interrupted section and a
+//! signal handler's own pop count as two). So:
+//!
+//! * when no other pop or push of the pool runs during a pop (a
+//!   single-threaded program without signal handlers that use the pool,
+//!   or any quiet moment), it fails only when every object is held;
+//! * otherwise it misses at most `2 × c` free objects per pop or push
+//!   running meanwhile, where `c` is [`ObjPool::thread_cache`] (one
+//!   magazine claimed or busy, one batch in transit), plus objects freed
+//!   into magazines it had already looked at.
+//!
+//! Objects in the depot are never missed: a thread preempted in the middle
+//! of a depot operation has changed nothing shared.
 //!
 //! # Execution context
 //!
@@ -94,7 +105,7 @@
 //! | [`ObjPool::pop`] | never (a steal runs `membarrier(2)`, a system call) | the thread's first use only | yes, after the thread's first use or [`ObjPool::prepare_thread`], when `T`'s use is |
 //! | [`PoolObj`] drop (push) | never | the thread's first use only | as for pop, while the pool lives |
 //! | [`PoolObj`] drop after the pool was dropped | never | frees, if it is the last object | no |
-//! | [`ObjPool`] drop | waits only for pops and pushes in flight on other threads | frees | no |
+//! | [`ObjPool`] drop | waits only for pushes in flight on other threads (no pop can run) | frees | no |
 //! | [`ObjPool::new`], [`ObjPoolBuilder::build`] | never | yes | no |
 //!
 //! A signal handler that pops or pushes while its thread is inside a pop
@@ -106,6 +117,8 @@
 //! thread does not exist in the child and never ends its operation); pops
 //! and pushes in the child work, without the objects of that thread's
 //! magazine.
+//! Likewise a thread must not leave a pop or push by `siglongjmp` from a
+//! signal handler: its magazine would stay busy (or claimed) for good.
 //!
 //! # Performance
 //!
@@ -127,8 +140,8 @@ use std::ptr::NonNull;
 
 pub(crate) use raw::RawPool;
 
-/// The most objects a pool may hold (object indices are 32-bit and a ring's
-/// capacity must stay below `2^32`).
+/// The most objects a pool may hold (object indices are 32-bit, and the
+/// depot reserves the two largest values as markers).
 pub const MAX_OBJECTS: usize = 1 << 31;
 
 /// The most objects a thread's magazine may hold
@@ -417,9 +430,9 @@ impl ObjPoolBuilder {
     /// [`MAX_THREAD_CACHE`]; 0 turns magazines off (every pop and push
     /// goes to the shared depot). Larger magazines go to the depot less
     /// often; smaller ones leave more objects to other threads (see the
-    /// bound in the module docs). The default, a sixteenth of the objects
-    /// between 1 and 32, keeps at least half the pool in the depot with up
-    /// to 8 threads.
+    /// bound in the module docs). The default is a sixteenth of the objects,
+    /// between 1 and 32: with up to 8 threads, the magazines then hold at
+    /// most half the objects of a pool of 16 or more.
     ///
     /// # Examples
     ///

@@ -29,8 +29,9 @@
 //!   (marking it dead); each dropped object releases its reference, then
 //!   the handle's reference is released.
 //! * A push that comes later finds `dead` in its section's handshake and
-//!   goes to the depot, finds it dead, drops the object itself and
-//!   releases its reference.
+//!   goes to the depot: before `fini` drains it, the object joins it and
+//!   is dropped there; after, the push finds the depot dead, drops the
+//!   object itself and releases its reference.
 //! * Whoever releases the last reference frees the allocation. Each object
 //!   is dropped exactly once: it is in a magazine or the depot when `fini`
 //!   passes (dropped there), or pushed afterwards (dropped by its pusher).
@@ -223,10 +224,10 @@ impl<T> RawPool<T> {
             }
             m.set_len(keep);
             m.release();
-            if chain != EMPTY {
-                // The pool lives (we are popping), so the depot is not dead.
-                let pushed = self.depot.push_chain(chain, last);
-                debug_assert!(pushed.is_ok());
+            if chain != EMPTY && self.depot.push_chain(chain, last).is_err() {
+                // A popper holds `&ObjPool`, and the depot dies only in the
+                // handle's drop.
+                unreachable!("object pool depot torn down during a pop");
             }
             return Some(index);
         }
@@ -267,14 +268,13 @@ impl<T> RawPool<T> {
             m.set(m.len(), index);
             m.set_len(m.len() + 1);
             m.exit();
-            if let Err((first, Dead)) = flushed {
+            if let Err((first, last, Dead)) = flushed {
                 // SAFETY: the chain's objects are ours and the pool is
                 // dead; we give up their references.
-                unsafe { Self::drop_chain(this, first) };
+                unsafe { Self::drop_chain(this, first, last) };
             }
             return;
         }
-        pool.depot.link(index, EMPTY);
         if pool.depot.push_chain(index, index).is_err() {
             // SAFETY: we own the object and the pool is dead: nobody else
             // will drop it; then we give up its reference.
@@ -289,19 +289,19 @@ impl<T> RawPool<T> {
     /// to the depot with one CAS. On a dead depot the chain is handed back
     /// (its first index) for the caller to drop after the section.
     #[cold]
-    fn flush(&self, m: &Magazine) -> Result<(), (u32, Dead)> {
+    fn flush(&self, m: &Magazine) -> Result<(), (u32, u32, Dead)> {
         let len = m.len();
         let keep = len / 2;
         let (first, last) = (m.get(len - 1), m.get(keep));
-        // The chain ends here, also for `drop_chain` should the depot refuse it.
-        self.depot.link(last, EMPTY);
         for i in keep..len - 1 {
             self.depot.link(m.get(i + 1), m.get(i));
         }
         m.set_len(keep);
         // The chain runs first → … → last; `push_chain` links `last` to
         // the depot's top.
-        self.depot.push_chain(first, last).map_err(|d| (first, d))
+        self.depot
+            .push_chain(first, last)
+            .map_err(|d| (first, last, d))
     }
 
     /// Drops the objects of a chain linked by `flush` that the depot
@@ -312,16 +312,21 @@ impl<T> RawPool<T> {
     /// The caller owns the chain's objects, the pool is dead, and the
     /// caller's references (one per object) are given up.
     #[cold]
-    unsafe fn drop_chain(this: NonNull<Self>, first: u32) {
+    unsafe fn drop_chain(this: NonNull<Self>, first: u32, last: u32) {
         // SAFETY: the chain's objects keep the pool allocated.
         let pool = unsafe { this.as_ref() };
         let mut n = 0;
         let mut i = first;
-        while i != EMPTY {
+        loop {
+            // `last`'s link may point into the depot (a refused push set
+            // it): the walk stops at `last`, not at a link.
             let below = pool.depot.next_of(i);
             // SAFETY: ours (caller), dropped once.
             unsafe { pool.drop_obj(i) };
             n += 1;
+            if i == last {
+                break;
+            }
             i = below;
         }
         // SAFETY: one reference per dropped object.
