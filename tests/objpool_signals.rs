@@ -12,10 +12,12 @@ use std::ffi::c_int;
 use std::os::unix::thread::JoinHandleExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, OnceLock};
-use std::time::{Duration, Instant};
 
 use fprobe::ObjPool;
 use fprobe::objpool::PoolObj;
+
+#[path = "common/signal_storm.rs"]
+mod signal_storm;
 
 const OBJS: usize = 64;
 /// Most objects the interrupted thread holds at once.
@@ -47,57 +49,30 @@ fn give_back(obj: PoolObj<(usize, u64)>, tag: u64) {
 }
 
 extern "C" fn on_sigusr1(_: c_int) {
-    // SAFETY: errno is thread-local; saved and restored around the handler.
-    let saved_errno = unsafe { *libc::__errno_location() };
-    let pool = POOL.get().unwrap();
-    let n = SIGNALS.fetch_add(1, Ordering::Relaxed);
-    let tag = (1 << 63) | n;
-    let mut mine: [Option<PoolObj<(usize, u64)>>; HANDLER_TAKES] = [None, None, None];
-    for slot in mine.iter_mut() {
-        match pool.pop() {
-            Some(mut o) => {
-                take(&mut o, tag);
-                SIG_POPS.fetch_add(1, Ordering::Relaxed);
-                *slot = Some(o);
-            }
-            // The thread holds at most THREAD_HOLDS, the handler 3: at
-            // least OBJS - 27 are free, and no other thread uses the pool,
-            // so the bound on misses is 0.
-            None => {
-                SIG_MISSES.fetch_add(1, Ordering::Relaxed);
+    signal_storm::keeping_errno(|| {
+        let pool = POOL.get().unwrap();
+        let n = SIGNALS.fetch_add(1, Ordering::Relaxed);
+        let tag = (1 << 63) | n;
+        let mut mine: [Option<PoolObj<(usize, u64)>>; HANDLER_TAKES] = [None, None, None];
+        for slot in mine.iter_mut() {
+            match pool.pop() {
+                Some(mut o) => {
+                    take(&mut o, tag);
+                    SIG_POPS.fetch_add(1, Ordering::Relaxed);
+                    *slot = Some(o);
+                }
+                // The thread holds at most THREAD_HOLDS, the handler 3: at
+                // least OBJS - 27 are free, and no other thread uses the
+                // pool, so the bound on misses is 0.
+                None => {
+                    SIG_MISSES.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
-    }
-    for o in mine.into_iter().flatten() {
-        give_back(o, tag);
-    }
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = saved_errno };
-}
-
-fn install_handler() {
-    // SAFETY: a zeroed `sigaction` is a valid starting value; the handler
-    // is an `extern "C" fn(c_int)` (no SA_SIGINFO), and `sa_mask` is
-    // initialised by `sigemptyset` before use.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigusr1 as extern "C" fn(c_int) as libc::sighandler_t;
-        sa.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut sa.sa_mask);
-        assert_eq!(
-            libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()),
-            0,
-            "sigaction"
-        );
-    }
-}
-
-fn storm_duration() -> Duration {
-    let secs = std::env::var("FPROBE_SIGNAL_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
-    Duration::from_secs(secs)
+        for o in mine.into_iter().flatten() {
+            give_back(o, tag);
+        }
+    });
 }
 
 #[test]
@@ -109,7 +84,7 @@ fn signal_storm_keeps_every_object_with_one_holder() {
             .build(OBJS, |i| (i, 0))
             .unwrap()
     });
-    install_handler();
+    signal_storm::install(on_sigusr1);
     let ready = Arc::new(Barrier::new(2));
     let stop = Arc::new(AtomicBool::new(false));
     let worker = {
@@ -159,14 +134,8 @@ fn signal_storm_keeps_every_object_with_one_holder() {
     };
     let target = worker.as_pthread_t();
     ready.wait();
-    let deadline = Instant::now() + storm_duration();
-    let mut sent = 0u64;
-    while Instant::now() < deadline {
-        // SAFETY: `worker` is alive until it is joined below.
-        let rc = unsafe { libc::pthread_kill(target, libc::SIGUSR1) };
-        assert_eq!(rc, 0, "pthread_kill");
-        sent += 1;
-    }
+    // `worker` is alive until it is joined below.
+    let sent = signal_storm::send_for_duration(target);
     stop.store(true, Ordering::Relaxed);
     let (ops, misses) = worker.join().unwrap();
     let handled = SIGNALS.load(Ordering::Relaxed);

@@ -13,9 +13,11 @@ use std::ffi::c_int;
 use std::os::unix::thread::JoinHandleExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, OnceLock};
-use std::time::{Duration, Instant};
 
 use fprobe::ObjPool;
+
+#[path = "common/signal_storm.rs"]
+mod signal_storm;
 
 const OBJS: usize = 64;
 /// Pools 0 and 1: the interrupted thread's; pool 2: the handler's.
@@ -52,39 +54,12 @@ fn round_trip(p: usize) -> bool {
 }
 
 extern "C" fn on_sigusr1(_: c_int) {
-    // SAFETY: errno is thread-local; saved and restored around the handler.
-    let saved_errno = unsafe { *libc::__errno_location() };
-    SIGNALS.fetch_add(1, Ordering::Relaxed);
-    if !round_trip(2) {
-        BAD.fetch_add(1, Ordering::Relaxed);
-    }
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = saved_errno };
-}
-
-fn install_handler() {
-    // SAFETY: a zeroed `sigaction` is a valid starting value; the handler
-    // is an `extern "C" fn(c_int)` (no SA_SIGINFO), and `sa_mask` is
-    // initialised by `sigemptyset` before use.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigusr1 as extern "C" fn(c_int) as libc::sighandler_t;
-        sa.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut sa.sa_mask);
-        assert_eq!(
-            libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()),
-            0,
-            "sigaction"
-        );
-    }
-}
-
-fn storm_duration() -> Duration {
-    let secs = std::env::var("FPROBE_SIGNAL_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
-    Duration::from_secs(secs)
+    signal_storm::keeping_errno(|| {
+        SIGNALS.fetch_add(1, Ordering::Relaxed);
+        if !round_trip(2) {
+            BAD.fetch_add(1, Ordering::Relaxed);
+        }
+    });
 }
 
 #[test]
@@ -98,7 +73,7 @@ fn a_handler_on_another_pool_never_mixes_up_the_magazines() {
                 .unwrap()
         })
     });
-    install_handler();
+    signal_storm::install(on_sigusr1);
     let ready = Arc::new(Barrier::new(2));
     let stop = Arc::new(AtomicBool::new(false));
     let worker = {
@@ -122,12 +97,8 @@ fn a_handler_on_another_pool_never_mixes_up_the_magazines() {
     };
     let target = worker.as_pthread_t();
     ready.wait();
-    let deadline = Instant::now() + storm_duration();
-    while Instant::now() < deadline {
-        // SAFETY: `worker` is alive until it is joined below.
-        let rc = unsafe { libc::pthread_kill(target, libc::SIGUSR1) };
-        assert_eq!(rc, 0, "pthread_kill");
-    }
+    // `worker` is alive until it is joined below.
+    signal_storm::send_for_duration(target);
     stop.store(true, Ordering::Relaxed);
     let misses = worker.join().unwrap();
     let signals = SIGNALS.load(Ordering::Relaxed);

@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 
 use fprobe::probe::{EntryAction, Fprobe, ProbeHandle, Registry};
 
+#[path = "common/signal_storm.rs"]
+mod signal_storm;
+
 /// The interrupted thread's outer and inner probed functions.
 const A: u64 = 0x4000;
 const A_INNER: u64 = A + 16;
@@ -48,14 +51,6 @@ static SIG_IN_HANDLER: AtomicU64 = AtomicU64::new(0);
 static C_ENTRIES: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 static C_GOOD: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 static C_BAD: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
-
-fn storm_duration() -> Duration {
-    let secs = std::env::var("FPROBE_SIGNAL_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
-    Duration::from_secs(secs)
-}
 
 /// A little work, so that signals often land inside handlers.
 #[inline(never)]
@@ -125,36 +120,17 @@ fn signal_probe(k: usize) -> Fprobe<()> {
 /// The `SIGUSR1` handler: one probed call of C. Async-signal-safe: atomics
 /// and the registry's dispatch (the thread's state exists already).
 extern "C" fn on_sigusr1(_sig: c_int) {
-    // SAFETY: reads the calling thread's errno location.
-    let saved_errno = unsafe { *libc::__errno_location() };
-    if let Some(reg) = REG.get() {
-        let n = SIG_CALLS.fetch_add(1, Ordering::Relaxed);
-        if T_IN_HANDLER.load(Ordering::SeqCst) {
-            SIG_IN_HANDLER.fetch_add(1, Ordering::Relaxed);
+    signal_storm::keeping_errno(|| {
+        if let Some(reg) = REG.get() {
+            let n = SIG_CALLS.fetch_add(1, Ordering::Relaxed);
+            if T_IN_HANDLER.load(Ordering::SeqCst) {
+                SIG_IN_HANDLER.fetch_add(1, Ordering::Relaxed);
+            }
+            let ret = SIG_RET | n;
+            reg.on_entry(C, ret, &());
+            reg.on_exit(ret, &());
         }
-        let ret = SIG_RET | n;
-        reg.on_entry(C, ret, &());
-        reg.on_exit(ret, &());
-    }
-    // SAFETY: restores the interrupted code's errno.
-    unsafe { *libc::__errno_location() = saved_errno };
-}
-
-fn install_handler() {
-    // SAFETY: a zeroed `sigaction` is a valid starting value; the handler
-    // is an `extern "C" fn(c_int)` (no SA_SIGINFO), and `sa_mask` is
-    // initialised by `sigemptyset` before use.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigusr1 as extern "C" fn(c_int) as libc::sighandler_t;
-        sa.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut sa.sa_mask);
-        assert_eq!(
-            libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()),
-            0,
-            "sigaction"
-        );
-    }
+    });
 }
 
 #[test]
@@ -165,7 +141,7 @@ fn signal_storm_keeps_pairing_and_data_on_both_sides() {
     let c_probes: Vec<ProbeHandle> = (0..2)
         .map(|k| reg.register(signal_probe(k), &[C]).unwrap())
         .collect();
-    install_handler();
+    signal_storm::install(on_sigusr1);
 
     let ready = Arc::new(Barrier::new(2));
     let stop_thread = Arc::new(AtomicBool::new(false));
@@ -204,19 +180,13 @@ fn signal_storm_keeps_pairing_and_data_on_both_sides() {
         let stop = stop_sender.clone();
         std::thread::spawn(move || {
             ready.wait();
-            let mut sent = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                // SAFETY: `target` is alive: it stops only after this
-                // thread has been joined.
-                let rc = unsafe { libc::pthread_kill(target, libc::SIGUSR1) };
-                assert_eq!(rc, 0, "pthread_kill");
-                sent += 1;
-            }
-            sent
+            // `target` is alive: it stops only after this thread has been
+            // joined.
+            signal_storm::send_while(target, || !stop.load(Ordering::Relaxed))
         })
     };
     let began = Instant::now();
-    std::thread::sleep(storm_duration());
+    std::thread::sleep(signal_storm::duration());
     stop_sender.store(true, Ordering::Relaxed);
     let sent = sender.join().unwrap();
     // Let a signal still pending be delivered before the thread stops.

@@ -1,0 +1,66 @@
+//! The set-up the signal-storm tests share (included with `#[path]`): a
+//! `SIGUSR1` handler installed for the process, the storm's length, the
+//! sender loop, and errno kept for the interrupted code.
+
+#![allow(dead_code)] // each includer uses a part
+
+use std::ffi::c_int;
+use std::time::{Duration, Instant};
+
+/// Installs `handler` for `SIGUSR1`, `SA_RESTART`, nothing else blocked.
+pub fn install(handler: extern "C" fn(c_int)) {
+    // SAFETY: a zeroed `sigaction` is a valid starting value; the handler
+    // is an `extern "C" fn(c_int)` (no SA_SIGINFO), and `sa_mask` is
+    // initialised by `sigemptyset` before use.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = handler as libc::sighandler_t;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(
+            libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()),
+            0,
+            "sigaction"
+        );
+    }
+}
+
+/// How long a storm lasts: `FPROBE_SIGNAL_SECS` seconds, 2 by default.
+pub fn duration() -> Duration {
+    let secs = std::env::var("FPROBE_SIGNAL_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    Duration::from_secs(secs)
+}
+
+/// Runs `f` (a signal handler's body) with the interrupted code's errno
+/// saved and restored around it.
+pub fn keeping_errno(f: impl FnOnce()) {
+    // SAFETY: reads the calling thread's errno location.
+    let saved = unsafe { *libc::__errno_location() };
+    f();
+    // SAFETY: restores the interrupted code's errno.
+    unsafe { *libc::__errno_location() = saved };
+}
+
+/// Sends `SIGUSR1` to `target` as fast as it can until `keep_going`
+/// returns false; returns how many were sent.
+///
+/// `target` must stay alive until this returns.
+pub fn send_while(target: libc::pthread_t, mut keep_going: impl FnMut() -> bool) -> u64 {
+    let mut sent = 0u64;
+    while keep_going() {
+        // SAFETY: `target` is alive (the caller's contract).
+        let rc = unsafe { libc::pthread_kill(target, libc::SIGUSR1) };
+        assert_eq!(rc, 0, "pthread_kill");
+        sent += 1;
+    }
+    sent
+}
+
+/// [`send_while`] for [`duration`].
+pub fn send_for_duration(target: libc::pthread_t) -> u64 {
+    let deadline = Instant::now() + duration();
+    send_while(target, || Instant::now() < deadline)
+}
