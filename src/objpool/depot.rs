@@ -54,7 +54,7 @@
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// `top` of an empty stack.
-pub(crate) const EMPTY: u32 = u32::MAX;
+const EMPTY: u32 = u32::MAX;
 /// `top` of a torn-down stack.
 const DEAD: u32 = u32::MAX - 1;
 

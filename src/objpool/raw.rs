@@ -39,7 +39,7 @@
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 
-use super::depot::{Dead, Depot, EMPTY};
+use super::depot::{Dead, Depot};
 use super::magazine::{MAX_MAGAZINE, Magazine, Magazines};
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, CachePadded, Ordering, UnsafeCell, fence};
 
@@ -211,20 +211,12 @@ impl<T> RawPool<T> {
             let keep = len / 2;
             let index = m.get(len - 1);
             // The rest of the taken half, as a chain for the depot.
-            let mut chain = EMPTY;
-            let mut last = EMPTY;
-            for i in keep..len - 1 {
-                let o = m.get(i);
-                if chain == EMPTY {
-                    last = o;
-                } else {
-                    self.depot.link(o, chain);
-                }
-                chain = o;
-            }
+            let chain = (keep < len - 1).then(|| self.chain_slots(m, keep, len - 1));
             m.set_len(keep);
             m.release();
-            if chain != EMPTY && self.depot.push_chain(chain, last).is_err() {
+            if let Some((first, last)) = chain
+                && self.depot.push_chain(first, last).is_err()
+            {
                 // A popper holds `&ObjPool`, and the depot dies only in the
                 // handle's drop.
                 unreachable!("object pool depot torn down during a pop");
@@ -285,20 +277,26 @@ impl<T> RawPool<T> {
         }
     }
 
+    /// Links slots `from..to` (not empty) of `m`, which the caller uses
+    /// (its section, or its claim), into a chain for the depot: returns
+    /// `(first, last)`, slot `to - 1` first and slot `from` last.
+    /// `push_chain` links `last` to the depot's top.
+    fn chain_slots(&self, m: &Magazine, from: usize, to: usize) -> (u32, u32) {
+        for i in from..to - 1 {
+            self.depot.link(m.get(i + 1), m.get(i));
+        }
+        (m.get(to - 1), m.get(from))
+    }
+
     /// Moves the upper half of the full magazine `m` (inside its section)
     /// to the depot with one CAS. On a dead depot the chain is handed back
-    /// (its first index) for the caller to drop after the section.
+    /// (its first and last index) for the caller to drop after the section.
     #[cold]
     fn flush(&self, m: &Magazine) -> Result<(), (u32, u32, Dead)> {
         let len = m.len();
         let keep = len / 2;
-        let (first, last) = (m.get(len - 1), m.get(keep));
-        for i in keep..len - 1 {
-            self.depot.link(m.get(i + 1), m.get(i));
-        }
+        let (first, last) = self.chain_slots(m, keep, len);
         m.set_len(keep);
-        // The chain runs first → … → last; `push_chain` links `last` to
-        // the depot's top.
         self.depot
             .push_chain(first, last)
             .map_err(|d| (first, last, d))
