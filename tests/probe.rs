@@ -545,3 +545,51 @@ proptest::proptest! {
         probe_ops::run_bytes(&bytes);
     }
 }
+
+/// `stats` read while calls run: the counters are not one atomic snapshot,
+/// but exits never exceed hits, on any thread count. Three dispatchers on
+/// a 2-CPU machine get preempted between entry and exit, and the reader
+/// between its loads, so a snapshot that loaded hits before exits shows
+/// more exits than hits within a few hundred milliseconds.
+#[test]
+fn stats_read_during_dispatch_never_show_more_exits_than_hits() {
+    let ms = std::env::var("FPROBE_STRESS_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
+    let reg = Arc::new(Registry::<()>::builder().build().unwrap());
+    let probe = Fprobe::<()>::builder()
+        .entry(|_| EntryAction::Continue)
+        .exit(|_| {})
+        .build();
+    let h = reg.register(probe, &[0x40]).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let dispatchers: Vec<_> = (0..3)
+        .map(|_| {
+            let (reg, stop) = (reg.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    reg.on_entry(0x40, 0, &());
+                    reg.on_exit(0, &());
+                }
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_millis(ms);
+    let mut reads = 0u64;
+    let mut bad = None;
+    while Instant::now() < deadline && bad.is_none() {
+        let s = reg.stats(h).unwrap();
+        if s.exits > s.hits {
+            bad = Some(s);
+        }
+        reads += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for d in dispatchers {
+        d.join().unwrap();
+    }
+    assert_eq!(bad, None, "after {reads} reads");
+    let s = reg.stats(h).unwrap();
+    assert_eq!(s.hits, s.exits, "quiet: every call returned");
+}

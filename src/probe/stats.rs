@@ -27,6 +27,9 @@ pub struct Missed {
 
 /// Counters of one probe, summed over threads.
 ///
+/// Read while calls run, the counters are not one snapshot (threads keep
+/// counting between the loads), but `exits` never exceeds `hits`.
+///
 /// # Examples
 ///
 /// ```
@@ -46,7 +49,8 @@ pub struct ProbeStats {
     pub panics: u64,
 }
 
-/// Which counter of a probe slot.
+/// Which counter of a probe slot. `Hits` comes first: [`Counters::add_to`]
+/// relies on it.
 #[derive(Clone, Copy)]
 pub(super) enum Counter {
     Hits,
@@ -114,16 +118,28 @@ impl Counters {
                 options(nostack)
             );
         }
+        // Release: pairs with the Acquire loads of `add_to`, so a reader
+        // that sees this count sees the counts the thread bumped before it
+        // (on x86-64 the `add` above gives the same: stores are not
+        // reordered with earlier stores).
         #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-        c.fetch_add(1, Ordering::Relaxed);
+        c.fetch_add(1, Ordering::Release);
     }
 
     /// Adds this thread's counters of `slot` to `sums`.
+    ///
+    /// The loads are not one snapshot: the owner keeps counting between
+    /// them. They run from the last counter to the first, so a count
+    /// bumped later in a call's life ([`Counter::Exits`]) is loaded before
+    /// one bumped earlier ([`Counter::Hits`]): a reader never sees more
+    /// exits than hits.
     pub(super) fn add_to(&self, slot: u32, sums: &mut Sums) {
         let base = slot as usize * NCOUNTERS;
-        for (i, s) in sums.iter_mut().enumerate() {
-            // Relaxed: a statistic; no other memory is published with it.
-            *s += self.0[base + i].load(Ordering::Relaxed);
+        for (i, s) in sums.iter_mut().enumerate().rev() {
+            // Acquire: pairs with the Release of `bump`; the counts loaded
+            // after this one (lower indices) are at least those bumped
+            // before the count seen here.
+            *s += self.0[base + i].load(Ordering::Acquire);
         }
     }
 }
