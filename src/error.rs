@@ -1,4 +1,12 @@
-//! The crate's one error enum and the wrappers that hand values back.
+//! The error of the index and the probe layer, and the wrappers that hand
+//! values back.
+//!
+//! The object pool has its own, [`ObjPoolError`](crate::objpool::ObjPoolError):
+//! a pool (and the return-instance pool built on it) is a component of its
+//! own that users take without an index or a registry, and it fails only
+//! when built, for reasons none of the operations here can have. Folding
+//! it in would give every `match` on [`Error`] three variants it can never
+//! see.
 
 use std::fmt;
 

@@ -486,7 +486,9 @@ impl ObjPoolBuilder {
     }
 }
 
-/// Why an [`ObjPool`] could not be built.
+/// Why an [`ObjPool`] could not be built: the pool's only error (pops and
+/// pushes cannot fail with one). Separate from [`crate::Error`], whose
+/// variants are about addresses and probes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ObjPoolError {
