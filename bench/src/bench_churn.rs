@@ -69,6 +69,7 @@
 //! far (above three times the run's lowest round trip), with the reader
 //! time lost per write in each.
 
+use crate::report::md;
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -180,8 +181,8 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
     let set = addrs::load(cfg.source, cfg.addrs, cfg.seed);
     let n = set.addrs.len();
     let readers = 1;
-    println!("## {}\n", mode.name());
-    println!(
+    md!("## {}\n", mode.name());
+    md!(
         "addresses: {n} from {}; {readers} reader (fprobe get, one read_lock per 100) + 1 writer thread, \
          pinned to different CPUs where there are two; \
          every remove retires the old record to fprobe's reclaimer thread (a third thread), \

@@ -40,6 +40,7 @@ use crate::churn::{
     churn_hot, churning, idle, near_cutoff, or_dash, print_alternation_table, summary_cells,
 };
 use crate::impls::{self, BATCH, LookupImpl};
+use crate::report::md;
 use crate::report::{self, Row};
 use crate::stats;
 
@@ -206,8 +207,8 @@ fn run_mode(cfg: &Config, alternate: bool) -> Vec<Row> {
     } else {
         "churn-peers"
     };
-    println!("## {bench}\n");
-    println!(
+    md!("## {bench}\n");
+    md!(
         "addresses: {n} from {}; 1 reader + 1 writer thread, pinned to different CPUs where \
          there are two; writers flat out; every map's idle and churning phases interleaved\n",
         set.origin

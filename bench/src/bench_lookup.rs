@@ -2,6 +2,7 @@
 //! count; every implementation in the same run on the same data and the
 //! same per-producer address streams.
 
+use crate::report::md;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -15,8 +16,8 @@ use crate::report::{self, Row};
 pub fn run(cfg: &Config) -> Vec<Row> {
     let set = addrs::load(cfg.source, cfg.addrs, cfg.seed);
     let n = set.addrs.len();
-    println!("## lookup\n");
-    println!(
+    md!("## lookup\n");
+    md!(
         "addresses: {n} from {}; 10% of them with 3 handlers, the rest 1\n",
         set.origin
     );

@@ -12,6 +12,7 @@
 //! would pay to find its CPU on every operation (`ObjPool`'s magazines are
 //! per thread: one thread-local load finds them).
 
+use crate::report::md;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -27,13 +28,13 @@ use crate::report::Row;
 const NR_OBJS: usize = 1024;
 
 pub fn run_objpool(cfg: &Config) -> Vec<Row> {
-    println!("## objpool\n");
-    println!(
+    md!("## objpool\n");
+    md!(
         "kretprobe pattern: pop at entry, touch the 64-byte object, push at return; \
          {NR_OBJS} objects per pool, shared by all producers\n"
     );
     let rows = run(cfg, "objpool", KRETPROBE);
-    println!(
+    md!(
         "per-CPU selection: sched_getcpu() {:.2} ns/call (objpool finds its per-thread magazine with a thread-local load)\n",
         sched_getcpu_ns()
     );
@@ -54,8 +55,8 @@ fn sched_getcpu_ns() -> f64 {
 }
 
 pub fn run_uretprobe_nop(cfg: &Config) -> Vec<Row> {
-    println!("## uretprobe-nop\n");
-    println!(
+    md!("## uretprobe-nop\n");
+    md!(
         "uprobes pattern: reserve a return instance (probe, address, 16 of 64 data bytes) \
          at entry, write it, release it at return\n"
     );
@@ -89,7 +90,7 @@ fn run(cfg: &Config, bench: &'static str, cases: &[(Pattern, &'static str, &str)
     let rows = compare::run(cfg, &labels, &contenders);
     let (objpool, retinst) = pools.nmissed();
     let missed = if bench == "objpool" { objpool } else { retinst };
-    println!(
+    md!(
         "{}: {missed} calls found no instance (not counted above)\n",
         cases[0].1
     );

@@ -19,6 +19,7 @@
 //! `fprobe::AddrIndex::get` on the same addresses and streams, and print
 //! what fprobe's dispatch costs above it per call.
 
+use crate::report::md;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -71,8 +72,8 @@ fn run(cfg: &Config, shape: Shape) -> Vec<Row> {
         set.addrs.clone()
     };
     let n = attached.len();
-    println!("## {bench}\n");
-    println!(
+    md!("## {bench}\n");
+    md!(
         "one probe ({}) attached to {n} address(es) from {}; one call = entry + exit hook; \
          the handlers count every call and the producers check the counts\n",
         if exit {
@@ -155,7 +156,7 @@ fn print_above_lookup(table: &[Row]) {
             .map(|r| 1000.0 / r.median)
     };
     if let (Some(f), Some(l)) = (ns("fprobe"), ns(NAMES[0].0)) {
-        println!(
+        md!(
             "fprobe dispatch above the bare lookup: {:.1} ns per call (fprobe {f:.1} ns, lookup {l:.1} ns)\n",
             f - l
         );

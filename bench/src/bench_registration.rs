@@ -13,6 +13,7 @@
 //! whichever variant runs first (fprobe's, the first in the list), making
 //! its first repetitions markedly slower than every later one.
 
+use crate::report::md;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -120,8 +121,8 @@ pub fn run(cfg: &Config) -> Vec<Row> {
     let set = addrs::load(cfg.source, cfg.addrs, cfg.seed);
     let a = &set.addrs;
     let n = a.len();
-    println!("## registration\n");
-    println!(
+    md!("## registration\n");
+    md!(
         "addresses: {n} from {}, one value each, in address order; median of {REPS} (interleaved), after {WARMUP} uncounted repetitions\n",
         set.origin
     );

@@ -2,6 +2,7 @@
 //! their writers churn, the two writers, fprobe's side of it, and one
 //! measured phase (a reader with a writer idle or running).
 
+use crate::report::md;
 use std::collections::VecDeque;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -782,5 +783,5 @@ pub fn print_alternation_table(
         headers,
         body,
     );
-    println!("{}", alternation_note());
+    md!("{}", alternation_note());
 }

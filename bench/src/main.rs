@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use addrs::{Source, Workload};
 use harness::Timing;
-use report::Row;
+use report::{Row, md};
 
 /// One registered benchmark.
 pub struct BenchDef {
@@ -155,6 +155,8 @@ pub struct Config {
     pub impls: Option<Vec<String>>,
     pub csv: Option<String>,
     pub svg: Option<String>,
+    /// `--markdown`: the report (stdout) written to this file as well.
+    pub markdown: Option<String>,
     pub seed: u64,
     /// CPUs producers are pinned to, round-robin.
     pub cpus: Vec<usize>,
@@ -196,6 +198,7 @@ fn usage() -> String {
          --impls LIST           only these implementations (names below)\n\
          --csv PATH             one row per cell\n\
          --svg PATH             throughput vs threads per implementation (lookup bench)\n\
+         --markdown PATH        the report (the Markdown tables printed on stdout) written to PATH\n\
          --seed N               address sample, handler and stream seed (default 1)\n\n\
          With neither --sample-ms nor --duration-ms the run is the quick default that fits in\n\
          two minutes on two cores: 200 ms samples, 1 warm-up + 3 kept per cell, 2 rounds.\n\n\
@@ -270,6 +273,7 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Config, ArgsEr
     let (mut sample_ms, mut duration_ms, mut warmup, mut rounds) = (None, None, 1usize, None);
     let (mut addrs, mut source, mut workloads) = (50_000usize, Source::Elf, None);
     let (mut impls_filter, mut csv, mut svg, mut seed) = (None, None, None, 1u64);
+    let mut markdown = None;
     let mut parser = lexopt::Parser::from_args(args);
     while let Some(arg) = parser.next()? {
         match arg {
@@ -317,6 +321,7 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Config, ArgsEr
             }
             Long("csv") => csv = Some(text("--csv", parser.value()?)?),
             Long("svg") => svg = Some(text("--svg", parser.value()?)?),
+            Long("markdown") => markdown = Some(text("--markdown", parser.value()?)?),
             Long("seed") => seed = num("--seed", parser.value()?)?,
             _ => return Err(arg.unexpected().into()),
         }
@@ -352,6 +357,7 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Config, ArgsEr
         impls: impls_filter,
         csv,
         svg,
+        markdown,
         seed,
         cpus: harness::allowed_cpus(),
     })
@@ -371,11 +377,11 @@ fn main() -> ExitCode {
         }
     };
     let t0 = Instant::now();
-    println!("# fprobe trigger benchmark");
-    println!();
-    println!("{}", report::machine_line(&cfg));
-    println!("{}", report::timing_line(&cfg));
-    println!();
+    md!("# fprobe trigger benchmark");
+    md!();
+    md!("{}", report::machine_line(&cfg));
+    md!("{}", report::timing_line(&cfg));
+    md!();
     let mut rows = Vec::new();
     for b in &cfg.benches {
         eprintln!("== {} ==", b.name);
@@ -393,11 +399,17 @@ fn main() -> ExitCode {
             Err(e) => eprintln!("cannot write {path}: {e}"),
         }
     }
-    println!(
+    md!(
         "finished in {:.1} s; {} at the end",
         t0.elapsed().as_secs_f64(),
         report::loadavg()
     );
+    if let Some(path) = &cfg.markdown {
+        match report::write_markdown(path) {
+            Ok(()) => eprintln!("wrote {path}"),
+            Err(e) => eprintln!("cannot write {path}: {e}"),
+        }
+    }
     eprintln!("done in {:.1} s", t0.elapsed().as_secs_f64());
     ExitCode::SUCCESS
 }

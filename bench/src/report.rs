@@ -9,6 +9,34 @@ use serde::Serialize;
 
 use crate::Config;
 
+/// Everything the run printed to stdout: the Markdown document that
+/// `--markdown PATH` writes.
+static DOC: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
+/// Prints one line of the report to stdout and keeps it for `--markdown`.
+pub fn emit(line: String) {
+    println!("{line}");
+    let mut doc = DOC.lock().unwrap_or_else(|e| e.into_inner());
+    doc.push_str(&line);
+    doc.push('\n');
+}
+
+/// Writes what [`emit`] printed so far to `path`.
+pub fn write_markdown(path: &str) -> std::io::Result<()> {
+    std::fs::write(path, &*DOC.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// `println!` for the report: the line also goes to the `--markdown` file.
+macro_rules! md {
+    () => {
+        $crate::report::emit(String::new())
+    };
+    ($($t:tt)*) => {
+        $crate::report::emit(format!($($t)*))
+    };
+}
+pub(crate) use md;
+
 /// One measured cell.
 #[derive(Clone, Debug)]
 pub struct Row {
@@ -98,7 +126,7 @@ pub fn print_table(title: &str, header: &[&str], body: &[Vec<String>]) {
     for r in body {
         let _ = writeln!(s, "| {} |", r.join(" | "));
     }
-    println!("{s}");
+    md!("{s}");
 }
 
 /// One line of the `--csv` file: a [`Row`] and its per-producer rate.
