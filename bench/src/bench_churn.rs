@@ -424,18 +424,17 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
     report::print_table(
         &format!("churn: reader M/s with a writer idle vs churning ({n} addresses)"),
         &[
-            "variant",
-            "reader M/s, writer idle",
-            "reader M/s, writer churning",
-            "writer M ops/s (insert or remove)",
-            "reclaimer grace periods/s",
-            "tables attached/s",
-            SUMMARY_HEADERS[0],
-            SUMMARY_HEADERS[1],
-            SUMMARY_HEADERS[2],
-            SUMMARY_HEADERS[3],
-            SUMMARY_HEADERS[4],
-        ],
+            &[
+                "variant",
+                "reader M/s, writer idle",
+                "reader M/s, writer churning",
+                "writer M ops/s (insert or remove)",
+                "reclaimer grace periods/s",
+                "tables attached/s",
+            ][..],
+            &SUMMARY_HEADERS[..],
+        ]
+        .concat(),
         &body,
     );
     rows

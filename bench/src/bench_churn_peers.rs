@@ -320,17 +320,16 @@ fn run_mode(cfg: &Config, alternate: bool) -> Vec<Row> {
     report::print_table(
         &format!("churn-peers: reader M/s with a flat-out writer idle vs churning ({n} addresses)"),
         &[
-            "writer",
-            "map",
-            "reader M/s, writer idle",
-            "reader M/s, writer churning",
-            "writer M ops/s",
-            SUMMARY_HEADERS[0],
-            SUMMARY_HEADERS[1],
-            SUMMARY_HEADERS[2],
-            SUMMARY_HEADERS[3],
-            SUMMARY_HEADERS[4],
-        ],
+            &[
+                "writer",
+                "map",
+                "reader M/s, writer idle",
+                "reader M/s, writer churning",
+                "writer M ops/s",
+            ][..],
+            &SUMMARY_HEADERS[..],
+        ]
+        .concat(),
         &body,
     );
     rows

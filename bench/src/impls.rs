@@ -20,6 +20,20 @@ pub trait LookupImpl: Send + Sync {
     fn batch(&self, addrs: &[u64]) -> u64;
 }
 
+/// The sum over `addrs` of `handlers_of(address)`: the loop every
+/// [`LookupImpl::batch`] runs, inlined into each so that each peer's lookup
+/// is compiled into its own loop.
+#[inline(always)]
+fn sum_over(addrs: &[u64], handlers_of: impl Fn(&u64) -> u64) -> u64 {
+    addrs.iter().map(handlers_of).sum()
+}
+
+/// The work per found address: the sum of its handlers.
+#[inline(always)]
+fn sum(handlers: &[u64]) -> u64 {
+    handlers.iter().sum()
+}
+
 pub struct Impl {
     pub name: &'static str,
     pub map: Box<dyn LookupImpl>,
@@ -119,10 +133,7 @@ impl LookupImpl for FprobeBatch {
     #[inline(never)]
     fn batch(&self, addrs: &[u64]) -> u64 {
         let guard = rcu::read_lock();
-        addrs
-            .iter()
-            .map(|&a| self.0.get(a, &guard).iter().sum::<u64>())
-            .sum()
+        sum_over(addrs, |&a| sum(self.0.get(a, &guard)))
     }
 }
 
@@ -131,10 +142,7 @@ struct FprobePerLookup(AddrIndex<u64>);
 impl LookupImpl for FprobePerLookup {
     #[inline(never)]
     fn batch(&self, addrs: &[u64]) -> u64 {
-        addrs
-            .iter()
-            .map(|&a| self.0.lookup(a, |v| v.iter().sum::<u64>()).unwrap_or(0))
-            .sum()
+        sum_over(addrs, |&a| self.0.lookup(a, sum).unwrap_or(0))
     }
 }
 
@@ -143,10 +151,7 @@ struct Ceiling(hashbrown::HashMap<u64, Vec<u64>>);
 impl LookupImpl for Ceiling {
     #[inline(never)]
     fn batch(&self, addrs: &[u64]) -> u64 {
-        addrs
-            .iter()
-            .map(|a| self.0.get(a).map_or(0, |v| v.iter().sum::<u64>()))
-            .sum()
+        sum_over(addrs, |a| self.0.get(a).map_or(0, |v| sum(v)))
     }
 }
 
@@ -161,10 +166,7 @@ impl RwLocked {
 impl LookupImpl for RwLocked {
     #[inline(never)]
     fn batch(&self, addrs: &[u64]) -> u64 {
-        addrs
-            .iter()
-            .map(|a| self.0.read().get(a).map_or(0, |v| v.iter().sum::<u64>()))
-            .sum()
+        sum_over(addrs, |a| self.0.read().get(a).map_or(0, |v| sum(v)))
     }
 }
 
@@ -183,10 +185,7 @@ impl Dash {
 impl LookupImpl for Dash {
     #[inline(never)]
     fn batch(&self, addrs: &[u64]) -> u64 {
-        addrs
-            .iter()
-            .map(|a| self.0.get(a).map_or(0, |v| v.iter().sum::<u64>()))
-            .sum()
+        sum_over(addrs, |a| self.0.get(a).map_or(0, |v| sum(v.value())))
     }
 }
 
@@ -208,10 +207,7 @@ impl Papaya {
 impl LookupImpl for Papaya {
     #[inline(never)]
     fn batch(&self, addrs: &[u64]) -> u64 {
-        addrs
-            .iter()
-            .map(|a| self.0.pin().get(a).map_or(0, |v| v.iter().sum::<u64>()))
-            .sum()
+        sum_over(addrs, |a| self.0.pin().get(a).map_or(0, |v| sum(v)))
     }
 }
 
@@ -230,14 +226,7 @@ impl Scc {
 impl LookupImpl for Scc {
     #[inline(never)]
     fn batch(&self, addrs: &[u64]) -> u64 {
-        addrs
-            .iter()
-            .map(|a| {
-                self.0
-                    .peek_with(a, |_, v| v.iter().sum::<u64>())
-                    .unwrap_or(0)
-            })
-            .sum()
+        sum_over(addrs, |a| self.0.peek_with(a, |_, v| sum(v)).unwrap_or(0))
     }
 }
 
@@ -254,10 +243,7 @@ impl Swap {
 impl LookupImpl for Swap {
     #[inline(never)]
     fn batch(&self, addrs: &[u64]) -> u64 {
-        addrs
-            .iter()
-            .map(|a| self.0.load().get(a).map_or(0, |v| v.iter().sum::<u64>()))
-            .sum()
+        sum_over(addrs, |a| self.0.load().get(a).map_or(0, |v| sum(v)))
     }
 }
 
