@@ -55,7 +55,7 @@ fn build(addrs: &[u64], cache: Option<HitCacheConfig>) -> AddrIndex<u64> {
         None => b,
     };
     let index = b.build().unwrap();
-    // 10% of addresses get 3 handlers, like REFERENCE.md §4.
+    // 10% of addresses get 3 handlers, as in the trigger harness.
     index
         .insert_many(addrs.iter().enumerate().flat_map(|(i, &a)| {
             let n = if i % 10 == 0 { 3 } else { 1 };

@@ -103,10 +103,10 @@ fn one_registry(c: &Arc<Counts>, calls: u64, timed: bool) -> Option<f64> {
     ns
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
+/// The benchmark harness's statistics: one median for the repository.
+#[path = "../bench/src/stats.rs"]
+#[allow(dead_code)] // this includer uses `median` only
+mod stats;
 
 struct Run {
     rss_start: u64,
@@ -152,8 +152,8 @@ fn churn(n: usize, timing: bool) -> Run {
         rss_start,
         rss_1000,
         rss_end: rss(),
-        early_ns: (!early.is_empty()).then(|| median(&mut early)),
-        end_ns: (!end.is_empty()).then(|| median(&mut end)),
+        early_ns: (!early.is_empty()).then(|| stats::median(&early)),
+        end_ns: (!end.is_empty()).then(|| stats::median(&end)),
     }
 }
 

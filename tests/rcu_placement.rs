@@ -16,25 +16,16 @@ use fprobe::rcu;
 
 /// The CPUs the calling thread may run on.
 fn own_cpus() -> Vec<usize> {
-    // SAFETY: `cpu_set_t` is plain bits; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a live `cpu_set_t` of the size passed; 0 = this thread.
-    let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
-    assert_eq!(rc, 0, "sched_getaffinity");
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `c` < CPU_SETSIZE.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+    core_affinity::get_core_ids()
+        .expect("sched_getaffinity")
+        .into_iter()
+        .map(|c| c.id)
         .collect()
 }
 
 /// Confines the calling thread to `cpu`; whether the kernel allowed it.
 fn pin_to(cpu: usize) -> bool {
-    // SAFETY: as in `own_cpus`.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` < CPU_SETSIZE (it came from `own_cpus`).
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: `set` is a live `cpu_set_t` of the size passed; 0 = this thread.
-    unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) == 0 }
+    core_affinity::set_for_current(core_affinity::CoreId { id: cpu })
 }
 
 /// [`reclaimer_cpus_after_retiring_on`] until it reports `want`, at most

@@ -23,6 +23,11 @@
 mod baseline;
 mod prof;
 mod sqlite;
+/// The benchmark harness's statistics, shared so that every median in the
+/// repository is the same function.
+#[path = "../../../bench/src/stats.rs"]
+#[allow(dead_code)] // this includer uses `median` only
+mod stats;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -231,17 +236,100 @@ fn run(libs: &Libs, funcs: &[Func], h: Handlers, mode: Mode, threads: usize, row
     out
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+/// The command line.
+struct Options {
+    rows: i64,
+    reps: usize,
+    top: usize,
+    threads: Vec<usize>,
+    modes: Vec<Mode>,
+    /// `--handlers noop`: handlers that do nothing, to measure the
+    /// dispatchers alone (default `profile`).
+    noop: bool,
+    /// `--hit-cache N[,percpu]`: entries per cache (0: none), per CPU.
+    hit_cache: (usize, bool),
 }
 
-fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(|v| v.parse().unwrap_or_else(|_| panic!("bad value for {name}")))
-        .unwrap_or(default)
+const USAGE: &str = "usage: fprobe-sqlite-profiler [--rows N] [--threads 1,2] [--reps R] [--top K]
+    [--handlers profile|noop] [--modes plain,detached,fprobe,hashmap] [--hit-cache N[,percpu]]";
+
+/// Parses the arguments after the program name; `Err` carries the message
+/// to print (the usage for `--help`).
+fn parse_options(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Options, String> {
+    use lexopt::prelude::*;
+
+    fn value<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String> {
+        v.trim()
+            .parse()
+            .map_err(|_| format!("{flag}: cannot parse {v:?}"))
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut o = Options {
+        rows: 20_000,
+        reps: 3,
+        top: 25,
+        threads: if cores > 1 { vec![1, cores] } else { vec![1] },
+        modes: Mode::ALL.to_vec(),
+        noop: false,
+        hit_cache: (0, false),
+    };
+    let mut parser = lexopt::Parser::from_args(args);
+    let text = |p: &mut lexopt::Parser, flag: &str| -> Result<String, String> {
+        p.value()
+            .map_err(|e| e.to_string())?
+            .into_string()
+            .map_err(|v| format!("{flag}: not valid UTF-8: {v:?}"))
+    };
+    while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
+        match arg {
+            Short('h') | Long("help") => return Err(USAGE.into()),
+            Long("rows") => o.rows = value("--rows", text(&mut parser, "--rows")?)?,
+            Long("reps") => o.reps = value::<usize>("--reps", text(&mut parser, "--reps")?)?.max(1),
+            Long("top") => o.top = value("--top", text(&mut parser, "--top")?)?,
+            Long("threads") => {
+                o.threads = text(&mut parser, "--threads")?
+                    .split(',')
+                    .map(|t| value("--threads", t.to_string()))
+                    .collect::<Result<_, _>>()?;
+                if o.threads.is_empty() || o.threads.contains(&0) {
+                    return Err("--threads: counts must be ≥ 1".into());
+                }
+            }
+            Long("modes") => {
+                o.modes = text(&mut parser, "--modes")?
+                    .split(',')
+                    .map(|m| match m.trim() {
+                        "plain" => Ok(Mode::Plain),
+                        "detached" => Ok(Mode::Detached),
+                        "fprobe" => Ok(Mode::Fprobe),
+                        "hashmap" => Ok(Mode::LockedHashMap),
+                        other => Err(format!(
+                            "--modes: unknown mode {other:?} (plain, detached, fprobe, hashmap)"
+                        )),
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            Long("handlers") => {
+                o.noop = match text(&mut parser, "--handlers")?.as_str() {
+                    "noop" => true,
+                    "profile" => false,
+                    other => return Err(format!("--handlers: {other:?} is not profile or noop")),
+                }
+            }
+            Long("hit-cache") => {
+                let v = text(&mut parser, "--hit-cache")?;
+                let (n, mode) = v.split_once(',').unwrap_or((&v, ""));
+                let percpu = match mode {
+                    "" => false,
+                    "percpu" => true,
+                    other => return Err(format!("--hit-cache: {other:?} is not percpu")),
+                };
+                o.hit_cache = (value("--hit-cache", n.to_string())?, percpu);
+            }
+            _ => return Err(arg.unexpected().to_string()),
+        }
+    }
+    Ok(o)
 }
 
 fn report(funcs: &[Func], stats: &[Stat], ticks_per_ns: f64, top: usize) {
@@ -270,44 +358,27 @@ fn report(funcs: &[Func], stats: &[Stat], ticks_per_ns: f64, top: usize) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let rows: i64 = arg(&args, "--rows", 20_000);
-    let reps: usize = arg(&args, "--reps", 3).max(1);
-    let top: usize = arg(&args, "--top", 25);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let default_threads = if cores > 1 {
-        format!("1,{cores}")
-    } else {
-        "1".into()
+    let Options {
+        rows,
+        reps,
+        top,
+        threads,
+        modes,
+        noop,
+        hit_cache: (entries, percpu),
+    } = match parse_options(std::env::args_os().skip(1)) {
+        Ok(o) => o,
+        Err(msg) if msg == USAGE => {
+            println!("{USAGE}");
+            return;
+        }
+        Err(msg) => {
+            eprintln!("fprobe-sqlite-profiler: error: {msg}\n{USAGE}");
+            std::process::exit(2);
+        }
     };
-    let threads: Vec<usize> = arg(&args, "--threads", default_threads)
-        .split(',')
-        .map(|t| t.parse().expect("--threads: comma-separated counts"))
-        .collect();
-
-    // --modes plain,detached,fprobe,hashmap (default: all; for profiling
-    // one dispatcher at a time).
-    let modes: Vec<Mode> = arg(
-        &args,
-        "--modes",
-        "plain,detached,fprobe,hashmap".to_string(),
-    )
-    .split(',')
-    .map(|m| match m {
-        "plain" => Mode::Plain,
-        "detached" => Mode::Detached,
-        "fprobe" => Mode::Fprobe,
-        "hashmap" => Mode::LockedHashMap,
-        _ => panic!("--modes: plain, detached, fprobe, hashmap"),
-    })
-    .collect();
-    // --handlers profile (default) | noop: noop handlers measure the
-    // dispatchers alone.
-    let noop = arg(&args, "--handlers", "profile".to_string()) == "noop";
-    let hc = arg(&args, "--hit-cache", "0".to_string());
-    let mut hc = hc.split(',');
-    let entries = hc.next().unwrap().parse().expect("--hit-cache N[,percpu]");
-    let _ = HIT_CACHE.set((entries, std::ffi::c_int::from(hc.next() == Some("percpu"))));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let _ = HIT_CACHE.set((entries, std::ffi::c_int::from(percpu)));
     let handlers = if noop {
         Handlers {
             entry: Some(prof::noop_entry),
@@ -393,14 +464,14 @@ fn main() {
                 }
             }
         }
-        let mut med = |m: Mode| walls.get_mut(m.name()).map_or(f64::NAN, |v| median(v));
+        let med = |m: Mode| walls.get(m.name()).map_or(f64::NAN, |v| stats::median(v));
         let plain = med(Mode::Plain);
         let map = med(Mode::LockedHashMap);
         println!();
         println!(
             "threads: {t}; probed calls per run: {calls} (locked-HashMap run: {last_map_calls}); register {} functions: {:.2} ms (median)",
             funcs.len(),
-            median(&mut reg_ms)
+            stats::median(&reg_ms)
         );
         println!(
             "  {:<32} {:>10} {:>11} {:>13} {:>12}",
