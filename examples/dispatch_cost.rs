@@ -1,7 +1,7 @@
 //! Instructions per dispatch, for callgrind: one million entry + exit
-//! pairs on a hot set of 64 of 50,000 probed addresses, or the bare index
-//! lookup on the same addresses, or nothing (the set-up alone, to
-//! subtract).
+//! pairs on a hot set of 64 of 50,000 probed addresses (or, with a second
+//! argument `uniform`, spread over all of them), or the bare index lookup
+//! on the same addresses, or nothing (the set-up alone, to subtract).
 //!
 //! ```text
 //! cargo build --release --example dispatch_cost
@@ -25,8 +25,13 @@ const PAIRS: usize = 1_000_000;
 
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "kprobe".into());
+    // A second argument `uniform` spreads the calls over every address.
+    let uniform = std::env::args().nth(2).as_deref() == Some("uniform");
     let addrs: Vec<u64> = (0..ADDRS).map(|i| 0x40_0000 + i * 48).collect();
-    let stream: Vec<u64> = (0..PAIRS).map(|i| addrs[(i * 7919) % 64]).collect();
+    let spread = if uniform { addrs.len() } else { 64 };
+    let stream: Vec<u64> = (0..PAIRS)
+        .map(|i| addrs[(i * 7919 + i * i * 31) % spread])
+        .collect();
 
     let kprobe = Registry::<u64>::builder()
         .capacity(addrs.len())
@@ -78,7 +83,9 @@ fn main() {
         "kprobe" => &kprobe,
         "kretprobe" => &kretprobe,
         other => {
-            eprintln!("usage: dispatch_cost none|lookup|kprobe|kretprobe (got {other:?})");
+            eprintln!(
+                "usage: dispatch_cost none|lookup|kprobe|kretprobe [uniform] (got {other:?})"
+            );
             std::process::exit(2);
         }
     };

@@ -23,6 +23,14 @@ use crate::sync::Ordering;
 /// Words of a full frame's header (`[addr, n]`).
 const HEADER: usize = 2;
 
+/// Counts `which` for the probe of attachment `a` on this thread.
+#[inline(always)]
+fn count(local: &ShadowStack, a: &Attach, which: Counter) {
+    // SAFETY: `a.slot` is below the registry's slot count (`Attach`
+    // invariant), which every thread's counters are made for.
+    unsafe { local.counters.bump(a.slot, which) }
+}
+
 impl<C: Send + Sync + 'static> Registry<C> {
     /// Function entry at `addr`: runs the entry handlers of the probes
     /// attached there, in registration order, and keeps what their exit
@@ -52,7 +60,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 }
                 Entered::Recursion => {
                     for a in attached {
-                        local.counters.bump(a.slot, Counter::Recursion);
+                        count(local, a, Counter::Recursion);
                     }
                     local.push_marker();
                 }
@@ -69,7 +77,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     fn entry_frame(
         &self,
         local: &ShadowStack,
-        attached: &[Attach<C>],
+        attached: &[Attach],
         addr: u64,
         ret_addr: u64,
         ctx: &C,
@@ -87,23 +95,31 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         let (mut used, mut n) = (0usize, 0u64);
         for a in attached {
-            let slot = &self.slots[a.slot as usize];
+            // SAFETY: `a.slot` indexes `self.slots` (`Attach` invariant).
+            let slot = unsafe { self.slots.get_unchecked(a.slot as usize) };
             // Acquire: pairs with the Release state store of
             // `register_with_cookies`; the probe's fields are visible.
             let s = slot.state.load(Ordering::Acquire);
             if s != state(a.generation, true) {
                 if s == state(a.generation, false) {
-                    local.counters.bump(a.slot, Counter::Disabled);
+                    count(local, a, Counter::Disabled);
                 }
                 continue; // disabled, or being unregistered
             }
-            local.counters.bump(a.slot, Counter::Hits);
-            let p = &*a.probe;
+            // Relaxed: ordered by the Acquire above.
+            let p = slot.probe.load(Ordering::Relaxed);
+            // SAFETY: the generation matched inside our read section, so
+            // `unregister` has not passed its grace period: the Arc it owns
+            // keeps the probe alive until we leave the section.
+            let Some(p) = (unsafe { p.as_ref() }) else {
+                continue;
+            };
+            count(local, a, Counter::Hits);
             let keep = match base {
                 Some(base) if a.frame_words > 0 => Some(base + used),
                 _ => {
                     if a.frame_words > 0 {
-                        local.counters.bump(a.slot, Counter::Depth);
+                        count(local, a, Counter::Depth);
                     }
                     None
                 }
@@ -125,7 +141,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                         data,
                     };
                     catch_unwind(AssertUnwindSafe(|| entry(&mut ec))).unwrap_or_else(|_| {
-                        local.counters.bump(a.slot, Counter::Panics);
+                        count(local, a, Counter::Panics);
                         EntryAction::SkipExit
                     })
                 }
@@ -208,7 +224,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
             match entered {
                 Entered::Run(_) => {}
                 Entered::Recursion => {
-                    local.counters.bump(slot_idx, Counter::Recursion);
+                    // SAFETY: `slot_idx` indexes `self.slots` (checked above),
+                    // and every thread's counters cover its length.
+                    unsafe { local.counters.bump(slot_idx, Counter::Recursion) };
                     continue;
                 }
                 // Ignored since the entry: the call's exits are skipped.
@@ -242,7 +260,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 Ok(()) => Counter::Exits,
                 Err(_) => Counter::Panics,
             };
-            local.counters.bump(slot_idx, which);
+            // SAFETY: as for the recursion count above.
+            unsafe { local.counters.bump(slot_idx, which) };
         }
         drop(entered);
         p

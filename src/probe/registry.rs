@@ -59,27 +59,22 @@ impl ProbeHandle {
     }
 }
 
-/// One index value: a probe attached at one address.
-pub(super) struct Attach<C> {
+/// One index value: a probe attached at one address. It names the probe
+/// by slot and generation only: dispatch takes the probe from the slot
+/// once the generation matches (see `ProbeSlot::probe`), so records hold
+/// no reference count and copying one touches no shared line.
+///
+/// Invariant: `slot` is below the registry's slot count (`max_probes`), the
+/// length of `Registry::slots` and of every thread's counters; dispatch
+/// indexes both with it unchecked.
+#[derive(Clone, Copy)]
+pub(super) struct Attach {
     pub(super) slot: u32,
     /// Words of the probe's return entry on a shadow stack (its data words
     /// plus 3); 0 when it has no exit handler.
     pub(super) frame_words: u32,
     pub(super) generation: u64,
     pub(super) cookie: u64,
-    pub(super) probe: Arc<Fprobe<C>>,
-}
-
-impl<C> Clone for Attach<C> {
-    fn clone(&self) -> Self {
-        Self {
-            slot: self.slot,
-            frame_words: self.frame_words,
-            generation: self.generation,
-            cookie: self.cookie,
-            probe: self.probe.clone(),
-        }
-    }
 }
 
 /// `generation << 1 | enabled`.
@@ -93,9 +88,11 @@ pub(super) struct ProbeSlot<C> {
     /// registered here. Invariant: stored only under the registry mutex
     /// (enable/disable: a compare-exchange that keeps the generation).
     pub(super) state: AtomicU64,
-    /// The registered probe (`Arc::into_raw`), for exit dispatch without a
-    /// second index lookup. Set before the generation is published; taken
-    /// and dropped by `unregister` after its grace period.
+    /// The registered probe (`Arc::into_raw`), for entry and exit dispatch.
+    /// Set before the generation is published; taken and dropped by
+    /// `unregister` after its grace period. So a dispatcher that loaded the
+    /// state with the generation it expects, inside a read-side section,
+    /// finds the probe here, alive until it leaves the section.
     pub(super) probe: AtomicPtr<Fprobe<C>>,
 }
 
@@ -140,7 +137,7 @@ struct Book {
 /// assert_eq!(calls.load(Ordering::Relaxed), 1);
 /// ```
 pub struct Registry<C: 'static> {
-    pub(super) index: AddrIndex<Attach<C>>,
+    pub(super) index: AddrIndex<Attach>,
     pub(super) slots: Box<[ProbeSlot<C>]>,
     book: Mutex<Book>,
     /// Each thread's shadow stack and counters, freed with the registry.
@@ -364,7 +361,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // Release: pairs with the Acquire state loads of dispatch; a thread
         // that sees this generation sees the probe pointer.
         s.state.store(state(generation, true), Ordering::Release);
-        let items: Vec<(u64, Attach<C>)> = attach
+        let items: Vec<(u64, Attach)> = attach
             .into_iter()
             .map(|(addr, cookie)| {
                 (
@@ -374,7 +371,6 @@ impl<C: Send + Sync + 'static> Registry<C> {
                         frame_words,
                         generation,
                         cookie,
-                        probe: probe.clone(),
                     },
                 )
             })
