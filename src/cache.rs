@@ -64,6 +64,24 @@
 //! much larger than the cache), it bypasses the cache for the next 16,384
 //! lookups, paying a counter decrement instead of a fill, then samples again.
 //!
+//! # Signal handlers
+//!
+//! A signal handler may look the index up while the thread it interrupted
+//! is inside a lookup through its cache, possibly halfway through writing
+//! an entry (three words) or a counter. Were the handler to fill the same
+//! entry, the interrupted code would finish its own write over the
+//! handler's and leave an entry pairing the handler's address with the
+//! interrupted lookup's record. So a thread's cache has an owner flag,
+//! `busy`, set around every lookup through it (each store separated from
+//! the entry accesses by a compiler fence: the handler runs on the same
+//! thread, so program order is all that is needed). A lookup that finds
+//! it set is nested inside one of the thread's own: it goes to the index
+//! directly and touches neither entries nor counters, except its own
+//! `nested` count (a read-modify-write, so nesting levels never lose each
+//! other's counts). The index lookup itself is signal-safe (RCU read side,
+//! no locks). `tests/hit_cache_signals.rs` is the storm that catches a
+//! torn entry when the flag is removed.
+//!
 //! # Per-thread or per-CPU
 //!
 //! By default each thread has its own cache: no atomics, no sharing, and a
@@ -94,7 +112,7 @@ use std::cell::Cell;
 use crate::cpu::CpuSource;
 use crate::per_thread::{CacheSlot, PerThread};
 use crate::sync::unmodelled::{self, AtomicU64};
-use crate::sync::{AtomicPtr, CachePadded, Ordering, fence};
+use crate::sync::{AtomicPtr, CachePadded, Ordering, compiler_fence, fence};
 
 /// Configuration of the recent-hit cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,6 +198,9 @@ pub struct HitCacheStats {
     /// Lookups that went to the index while the thread's cache was in
     /// bypass (low hit rate).
     pub bypassed: u64,
+    /// Lookups that went to the index because they interrupted the same
+    /// thread's lookup through the cache (a signal handler's).
+    pub nested: u64,
     /// Per-thread caches of this index: the most threads that have used it
     /// at once (an exited thread's cache goes to the next thread given its
     /// thread index).
@@ -420,6 +441,10 @@ struct ThreadCache<R> {
     window_left: Cell<u32>,
     window_hits: Cell<u32>,
     bypass_left: Cell<u32>,
+    /// Set while a lookup of the owner runs through this cache: a signal
+    /// handler that finds it set interrupted that lookup (module docs:
+    /// signal handlers).
+    busy: Cell<bool>,
     counters: Counters,
 }
 
@@ -439,6 +464,9 @@ struct Counters {
     hits: AtomicU64,
     misses: AtomicU64,
     bypassed: AtomicU64,
+    /// Stored by nested lookups (signal handlers) with a read-modify-write,
+    /// so one nesting level never overwrites another's count.
+    nested: AtomicU64,
 }
 
 impl Counters {
@@ -511,6 +539,33 @@ impl<R> HitCache<R> {
                 None => return miss(),
             },
         };
+        if local.busy.get() {
+            // A signal handler interrupted this thread's own lookup, which
+            // may be halfway through an entry or a counter: leave them all
+            // to it and ask the index.
+            local.counters.nested.fetch_add(1, Ordering::Relaxed);
+            return miss();
+        }
+        local.busy.set(true);
+        // The flag is in memory before any entry is read or written (a
+        // signal handler runs on this thread: program order suffices).
+        compiler_fence(Ordering::SeqCst);
+        let rec = self.lookup_owned(local, addr, miss);
+        // Every entry and counter access is done before the flag clears.
+        compiler_fence(Ordering::SeqCst);
+        local.busy.set(false);
+        rec
+    }
+
+    /// [`lookup`](Self::lookup) with `local.busy` set: no other lookup
+    /// touches `local` until it returns.
+    #[inline(always)]
+    fn lookup_owned(
+        &self,
+        local: &ThreadCache<R>,
+        addr: u64,
+        miss: impl FnOnce() -> *mut R,
+    ) -> *mut R {
         if local.bypass_left.get() > 0 {
             local.bypass_left.set(local.bypass_left.get() - 1);
             Counters::bump(&local.counters.bypassed);
@@ -562,6 +617,7 @@ impl<R> HitCache<R> {
                 window_left: Cell::new(WINDOW),
                 window_hits: Cell::new(0),
                 bypass_left: Cell::new(0),
+                busy: Cell::new(false),
                 counters: Counters::default(),
             },
             |_| {},
@@ -575,6 +631,7 @@ impl<R> HitCache<R> {
             s.hits += l.counters.hits.load(Ordering::Relaxed);
             s.misses += l.counters.misses.load(Ordering::Relaxed);
             s.bypassed += l.counters.bypassed.load(Ordering::Relaxed);
+            s.nested += l.counters.nested.load(Ordering::Relaxed);
             s.threads += 1;
         }
         let c = self.config;
