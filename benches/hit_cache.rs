@@ -33,19 +33,53 @@ fn addresses(n: usize) -> Vec<u64> {
         .collect()
 }
 
-/// The lookup stream: `hot` → 90% of lookups on 64 addresses.
-fn stream(addrs: &[u64], hot: bool, len: usize, seed: u64) -> Vec<u64> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            let r = xorshift(&mut x);
-            if hot && r % 10 != 0 {
-                addrs[(r >> 8) as usize % 64 * (addrs.len() / 64)]
-            } else {
-                addrs[(r >> 8) as usize % addrs.len()]
-            }
-        })
-        .collect()
+/// How a lookup stream picks addresses.
+#[derive(Clone, Copy)]
+enum Trace {
+    /// 90% of lookups on 64 addresses, 10% uniform.
+    Hot,
+    Uniform,
+    /// Zipf-distributed ranks with exponent `s` (function-call frequencies
+    /// are roughly so), the ranks spread over the addresses at random.
+    Zipf(f64),
+}
+
+impl Trace {
+    fn name(self) -> String {
+        match self {
+            Trace::Hot => "hot (90% on 64)".into(),
+            Trace::Uniform => "uniform".into(),
+            Trace::Zipf(s) => format!("Zipf({s:.1})"),
+        }
+    }
+}
+
+/// A lookup stream of `len` addresses of `addrs` following `trace`.
+fn stream(addrs: &[u64], trace: Trace, len: usize, seed: u64) -> Vec<u64> {
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    match trace {
+        Trace::Hot | Trace::Uniform => (0..len)
+            .map(|_| {
+                let r: u64 = rng.random();
+                if matches!(trace, Trace::Hot) && r % 10 != 0 {
+                    addrs[(r >> 8) as usize % 64 * (addrs.len() / 64)]
+                } else {
+                    addrs[(r >> 8) as usize % addrs.len()]
+                }
+            })
+            .collect(),
+        Trace::Zipf(s) => {
+            // The same rank order for every stream of this address set.
+            let mut by_rank = addrs.to_vec();
+            by_rank.shuffle(&mut rand::rngs::StdRng::seed_from_u64(addrs.len() as u64));
+            let zipf = rand_distr::Zipf::new(addrs.len() as f64, s).expect("valid Zipf");
+            (0..len)
+                .map(|_| by_rank[rng.sample(zipf) as usize - 1])
+                .collect()
+        }
+    }
 }
 
 fn build(addrs: &[u64], cache: Option<HitCacheConfig>) -> AddrIndex<u64> {
@@ -101,18 +135,25 @@ fn main() {
         HitCacheConfig::default().bytes_per_thread()
     );
     println!(
-        "| addresses | workload | threads | uncached | cached | cached/uncached | cache hit rate | per-CPU cached | per-CPU/uncached |"
+        "| addresses | trace | threads | uncached | cached | cached/uncached | lookups through the cache | its hit rate | per-CPU cached | per-CPU/uncached |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for n in [50_000usize, 1_000_000] {
         let addrs = addresses(n);
         let plain = Arc::new(build(&addrs, None));
         let cached = Arc::new(build(&addrs, Some(HitCacheConfig::default())));
         let per_cpu = Arc::new(build(&addrs, Some(HitCacheConfig::default().per_cpu(true))));
-        for hot in [true, false] {
+        let traces = [
+            Trace::Zipf(0.8),
+            Trace::Zipf(1.0),
+            Trace::Zipf(1.2),
+            Trace::Hot,
+            Trace::Uniform,
+        ];
+        for trace in traces {
             for &t in &threads {
                 let streams: Vec<_> = (0..t)
-                    .map(|i| Arc::new(stream(&addrs, hot, 1 << 20, 77 + i as u64)))
+                    .map(|i| Arc::new(stream(&addrs, trace, 1 << 22, 77 + i as u64)))
                     .collect();
                 let before = cached.hit_cache_stats().unwrap();
                 let (mut u, mut c, mut p) = (Vec::new(), Vec::new(), Vec::new());
@@ -124,13 +165,15 @@ fn main() {
                 }
                 let after = cached.hit_cache_stats().unwrap();
                 let hits = after.hits - before.hits;
-                let all = hits + after.misses - before.misses + after.bypassed - before.bypassed;
+                let through = hits + after.misses - before.misses;
+                let all = through + after.bypassed - before.bypassed;
                 let (u, c, p) = (runner::median(u), runner::median(c), runner::median(p));
                 println!(
-                    "| {n} | {} | {t} | {u:.1} | {c:.1} | {:.2}× | {:.1}% | {p:.1} | {:.2}× |",
-                    if hot { "hot (90% on 64)" } else { "uniform" },
+                    "| {n} | {} | {t} | {u:.1} | {c:.1} | {:.2}× | {:.1}% | {:.1}% | {p:.1} | {:.2}× |",
+                    trace.name(),
                     c / u,
-                    100.0 * hits as f64 / all.max(1) as f64,
+                    100.0 * through as f64 / all.max(1) as f64,
+                    100.0 * hits as f64 / through.max(1) as f64,
                     p / u
                 );
             }
@@ -158,7 +201,7 @@ fn toggle_experiment() {
                 index.clone(),
                 stop.clone(),
                 count.clone(),
-                stream(&addrs, true, 1 << 16, 5),
+                stream(&addrs, Trace::Hot, 1 << 16, 5),
             );
             std::thread::spawn(move || {
                 let mut n = 0;

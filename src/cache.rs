@@ -51,18 +51,44 @@
 //! The price: any write invalidates every thread's entries. Writes are rare
 //! in this workload; under sustained writer churn the cache only misses.
 //!
-//! # Memory and bypass
+//! # Memory
 //!
 //! Per thread and per cached index: `entries × 24` bytes (default 1024
 //! entries, 4-way: 24 KiB), allocated on the thread's first lookup in that
 //! index (the crate's `PerThread`: any number of cached indexes, found in
 //! constant time) and freed with the index; a thread that exits leaves its
 //! cache, entries included, to the next thread given its thread index, so
-//! an index holds one cache per thread alive at once at most. When a
-//! thread's hit rate over a
-//! window of 1024 lookups is under 1/16 (a uniform workload over a table
-//! much larger than the cache), it bypasses the cache for the next 16,384
-//! lookups, paying a counter decrement instead of a fill, then samples again.
+//! an index holds one cache per thread alive at once at most.
+//!
+//! # The switch: the cache stays on only where it pays
+//!
+//! Whether a cache helps depends on things it cannot see: how much of the
+//! table and its records already sit in the processor's caches, how the
+//! caller's own work competes for them, the machine. A hit rate says
+//! little (a high one on a hot set that fits in L1 anyway still loses the
+//! cache's own loads). So each thread measures the benefit itself, on its
+//! own lookups, and keeps the cache only while it is faster:
+//!
+//! 1. **Warm-up**: 1,024 lookups through the cache (untimed), so that its
+//!    hot entries are filled.
+//! 2. **Trial**: six windows of 256 lookups, three through the cache and
+//!    three bypassing it, in the order C U U C C U (a steady drift of the
+//!    machine's speed cancels out). Each window is timed with the
+//!    time-stamp counter (the monotonic clock off x86-64): two clock reads
+//!    per window, none per lookup. The time covers everything the thread
+//!    did between its lookups, so the benefit is the thread's, not a
+//!    micro-benchmark's.
+//! 3. **Run**: the next 65,536 lookups through the cache if the median of
+//!    its windows beat the median of the bypassed ones by at least 1/32,
+//!    else bypassing it; then back to 1.
+//!
+//! A bypassed lookup costs a flag test and a counter, and leaves the
+//! entries as they were. The trials are 4% of the lookups, half in the
+//! losing mode at most, so where the cache loses a thread pays a few
+//! percent of it at most, and where the pattern changes the next trial,
+//! at most 67,840 lookups later, follows. A trial stretched by a
+//! preemption or an interrupt in one window is decided by the other two
+//! (the medians); one in two windows can pick the slower mode for one run.
 //!
 //! # Signal handlers
 //!
@@ -195,8 +221,8 @@ pub struct HitCacheStats {
     pub hits: u64,
     /// Lookups that went to the index and filled an entry.
     pub misses: u64,
-    /// Lookups that went to the index while the thread's cache was in
-    /// bypass (low hit rate).
+    /// Lookups that went to the index while the thread's cache was
+    /// switched off (it was not faster: module docs, the switch).
     pub bypassed: u64,
     /// Lookups that went to the index because they interrupted the same
     /// thread's lookup through the cache (a signal handler's).
@@ -425,9 +451,42 @@ struct PerCpu<R> {
     cpus: usize,
 }
 
-/// Lookups per sampling window, and the bypass length.
-const WINDOW: u32 = 1024;
-const BYPASS: u32 = 16 * 1024;
+/// The switch's schedule (module docs: memory and the switch): lookups
+/// through the cache to warm it, lookups per timed window, and lookups
+/// run in the chosen mode before the next trial.
+const WARM_UP: u32 = 1024;
+const WINDOW: u32 = 256;
+const RUN: u32 = 64 * 1024;
+
+/// The steps of a trial after the warm-up: whether each timed window goes
+/// through the cache, in an order (C U U C C U) that cancels a linear
+/// drift of the machine's speed. Three of each (`cache_pays` takes the
+/// median of three).
+const TRIAL: [bool; 6] = [true, false, false, true, true, false];
+
+/// Step number of the run that follows a trial.
+const RUN_STEP: u8 = TRIAL.len() as u8 + 1;
+
+/// A cheap clock for the switch's windows: the time-stamp counter on
+/// x86-64, else the monotonic clock in nanoseconds. Only differences over
+/// one thread's consecutive windows are used.
+#[inline]
+fn ticks() -> u64 {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        // SAFETY: `rdtsc` has no preconditions on x86-64.
+        unsafe { std::arch::x86_64::_rdtsc() }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    {
+        use std::sync::OnceLock;
+        static START: OnceLock<std::time::Instant> = OnceLock::new();
+        START
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_nanos() as u64
+    }
+}
 
 /// One thread's cache for one index. Owned by the thread (the
 /// `PerThread` invariant: one owner at a time); other threads only read
@@ -438,9 +497,17 @@ struct ThreadCache<R> {
     set_mask: usize,
     ways: usize,
     victim: Cell<usize>,
-    window_left: Cell<u32>,
-    window_hits: Cell<u32>,
-    bypass_left: Cell<u32>,
+    /// Whether this thread's lookups go through the cache now.
+    cached: Cell<bool>,
+    /// Lookups left in the current step of the switch's schedule.
+    left: Cell<u32>,
+    /// The step: 0 the warm-up, 1..=6 the timed windows of [`TRIAL`],
+    /// [`RUN_STEP`] the run in the chosen mode.
+    step: Cell<u8>,
+    /// [`ticks`] when the current timed window started.
+    started: Cell<u64>,
+    /// The trial's window times, in [`TRIAL`] order.
+    times: [Cell<u64>; TRIAL.len()],
     /// Set while a lookup of the owner runs through this cache: a signal
     /// handler that finds it set interrupted that lookup (module docs:
     /// signal handlers).
@@ -566,9 +633,9 @@ impl<R> HitCache<R> {
         addr: u64,
         miss: impl FnOnce() -> *mut R,
     ) -> *mut R {
-        if local.bypass_left.get() > 0 {
-            local.bypass_left.set(local.bypass_left.get() - 1);
+        if !local.cached.get() {
             Counters::bump(&local.counters.bypassed);
+            local.tick();
             return miss();
         }
         let base = (mix(addr) as usize & local.set_mask) * local.ways;
@@ -587,7 +654,6 @@ impl<R> HitCache<R> {
         };
         if hit {
             Counters::bump(&local.counters.hits);
-            local.window_hits.set(local.window_hits.get() + 1);
         } else {
             local.victim.set(local.victim.get().wrapping_add(1));
             Counters::bump(&local.counters.misses);
@@ -614,9 +680,11 @@ impl<R> HitCache<R> {
                 set_mask: c.entries / c.ways - 1,
                 ways: c.ways,
                 victim: Cell::new(0),
-                window_left: Cell::new(WINDOW),
-                window_hits: Cell::new(0),
-                bypass_left: Cell::new(0),
+                cached: Cell::new(true),
+                left: Cell::new(WARM_UP),
+                step: Cell::new(0),
+                started: Cell::new(0),
+                times: Default::default(),
                 busy: Cell::new(false),
                 counters: Counters::default(),
             },
@@ -658,20 +726,84 @@ impl<R> HitCache<R> {
 }
 
 impl<R> ThreadCache<R> {
-    /// Ends a sampling window every `WINDOW` lookups; a window with a hit
-    /// rate under 1/16 starts a bypass.
+    /// Counts one lookup against the current step of the schedule.
     #[inline(always)]
     fn tick(&self) {
-        let left = self.window_left.get() - 1;
+        let left = self.left.get() - 1;
         if left > 0 {
-            self.window_left.set(left);
+            self.left.set(left);
             return;
         }
-        if self.window_hits.get() < WINDOW / 16 {
-            self.bypass_left.set(BYPASS);
+        self.next_step();
+    }
+
+    /// Ends a step: records a timed window's time, and starts the next
+    /// step (after the last window, the run in the faster mode; after the
+    /// run, a new trial).
+    #[cold]
+    fn next_step(&self) {
+        let now = ticks();
+        let step = self.step.get();
+        if (1..RUN_STEP).contains(&step) {
+            self.times[usize::from(step) - 1].set(now.wrapping_sub(self.started.get()));
         }
-        self.window_left.set(WINDOW);
-        self.window_hits.set(0);
+        let next = if step == RUN_STEP { 0 } else { step + 1 };
+        let (cached, len) = match next {
+            0 => (true, WARM_UP),
+            RUN_STEP => (self.cache_pays(), RUN),
+            n => (TRIAL[usize::from(n) - 1], WINDOW),
+        };
+        self.step.set(next);
+        self.cached.set(cached);
+        self.left.set(len);
+        self.started.set(ticks());
+    }
+
+    /// Whether the trial's cached windows ran at least 1/32 faster than
+    /// its bypassed ones, window medians compared (a window that a
+    /// preemption or an interrupt stretched does not decide).
+    fn cache_pays(&self) -> bool {
+        cache_pays(std::array::from_fn(|i| self.times[i].get()))
+    }
+}
+
+/// [`ThreadCache::cache_pays`] on window times in [`TRIAL`] order.
+fn cache_pays(times: [u64; TRIAL.len()]) -> bool {
+    // No allocation: this may run in a signal handler.
+    let median = |through: bool| {
+        let mut t = [0u64; 3];
+        let mut n = 0;
+        for (c, w) in TRIAL.iter().zip(times) {
+            if *c == through {
+                t[n] = w;
+                n += 1;
+            }
+        }
+        t.sort_unstable();
+        t[1]
+    };
+    let (cached, bypassed) = (median(true), median(false));
+    u128::from(cached) * 32 < u128::from(bypassed) * 31
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cache_pays;
+
+    #[test]
+    fn the_cache_stays_on_only_when_its_windows_are_faster() {
+        // Windows in TRIAL order: C U U C C U.
+        assert!(cache_pays([90, 100, 100, 90, 90, 100]), "10% faster");
+        assert!(!cache_pays([100, 100, 100, 100, 100, 100]), "a tie");
+        assert!(!cache_pays([99, 100, 100, 99, 99, 100]), "under 1/32");
+        assert!(!cache_pays([120, 100, 100, 120, 120, 100]), "slower");
+        // One stretched window on either side does not decide.
+        assert!(cache_pays([90, 100, 1, 90, 90, 100]), "bypassed outlier");
+        assert!(cache_pays([90, 100, 100, 9_000, 90, 100]), "cached outlier");
+        assert!(
+            !cache_pays([1, 100, 100, 120, 120, 100]),
+            "cached outlier, slower"
+        );
     }
 }
 

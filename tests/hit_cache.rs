@@ -317,3 +317,30 @@ fn any_number_of_cached_indexes_each_get_a_cache() {
     // tests' threads may hold meanwhile, so at most one cache each.
     assert!(s.threads <= 3, "{s:?}");
 }
+
+/// The switch's schedule, whatever the timings: 1,024 lookups through the
+/// cache, a trial of three 256-lookup windows through it and three past
+/// it, then a run of 65,536 lookups all through it or all past it, then the
+/// next warm-up through it.
+#[test]
+fn the_switch_runs_its_schedule() {
+    let index = cached(4);
+    for a in 0..32u64 {
+        index.insert(a, a).unwrap();
+    }
+    let counts = |n: u64| {
+        for i in 0..n {
+            assert_eq!(index.lookup(i % 32, |v| v[0]), Some(i % 32));
+        }
+        let s = index.hit_cache_stats().unwrap();
+        (s.hits + s.misses, s.bypassed)
+    };
+    assert_eq!(counts(1024 + 1536), (1024 + 768, 768), "warm-up and trial");
+    let (through, past) = counts(65_536);
+    assert!(
+        (through, past) == (1792 + 65_536, 768) || (through, past) == (1792, 768 + 65_536),
+        "a run is all one mode: {through} through, {past} past"
+    );
+    let (through2, past2) = counts(1024);
+    assert_eq!((through2 - through, past2 - past), (1024, 0), "warm-up");
+}
