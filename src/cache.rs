@@ -786,27 +786,6 @@ fn cache_pays(times: [u64; TRIAL.len()]) -> bool {
     u128::from(cached) * 32 < u128::from(bypassed) * 31
 }
 
-#[cfg(test)]
-mod tests {
-    use super::cache_pays;
-
-    #[test]
-    fn the_cache_stays_on_only_when_its_windows_are_faster() {
-        // Windows in TRIAL order: C U U C C U.
-        assert!(cache_pays([90, 100, 100, 90, 90, 100]), "10% faster");
-        assert!(!cache_pays([100, 100, 100, 100, 100, 100]), "a tie");
-        assert!(!cache_pays([99, 100, 100, 99, 99, 100]), "under 1/32");
-        assert!(!cache_pays([120, 100, 100, 120, 120, 100]), "slower");
-        // One stretched window on either side does not decide.
-        assert!(cache_pays([90, 100, 1, 90, 90, 100]), "bypassed outlier");
-        assert!(cache_pays([90, 100, 100, 9_000, 90, 100]), "cached outlier");
-        assert!(
-            !cache_pays([1, 100, 100, 120, 120, 100]),
-            "cached outlier, slower"
-        );
-    }
-}
-
 #[inline(always)]
 fn mix(addr: u64) -> u64 {
     (addr ^ (addr >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9) >> 24
@@ -929,5 +908,26 @@ mod loom_tests {
                 drop(Box::from_raw(v2));
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cache_pays;
+
+    #[test]
+    fn the_cache_stays_on_only_when_its_windows_are_faster() {
+        // Windows in TRIAL order: C U U C C U.
+        assert!(cache_pays([90, 100, 100, 90, 90, 100]), "10% faster");
+        assert!(!cache_pays([100, 100, 100, 100, 100, 100]), "a tie");
+        assert!(!cache_pays([99, 100, 100, 99, 99, 100]), "under 1/32");
+        assert!(!cache_pays([120, 100, 100, 120, 120, 100]), "slower");
+        // One stretched window on either side does not decide.
+        assert!(cache_pays([90, 100, 1, 90, 90, 100]), "bypassed outlier");
+        assert!(cache_pays([90, 100, 100, 9_000, 90, 100]), "cached outlier");
+        assert!(
+            !cache_pays([1, 100, 100, 120, 120, 100]),
+            "cached outlier, slower"
+        );
     }
 }
