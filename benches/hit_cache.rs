@@ -135,14 +135,18 @@ fn main() {
         HitCacheConfig::default().bytes_per_thread()
     );
     println!(
-        "| addresses | trace | threads | uncached | cached | cached/uncached | lookups through the cache | its hit rate | per-CPU cached | per-CPU/uncached |"
+        "| addresses | trace | threads | uncached | cached | cached/uncached | trials | switch at the end | hit rate through the cache | per-CPU cached | per-CPU/uncached | always on | always on/uncached |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for n in [50_000usize, 1_000_000] {
         let addrs = addresses(n);
         let plain = Arc::new(build(&addrs, None));
         let cached = Arc::new(build(&addrs, Some(HitCacheConfig::default())));
         let per_cpu = Arc::new(build(&addrs, Some(HitCacheConfig::default().per_cpu(true))));
+        let always = Arc::new(build(
+            &addrs,
+            Some(HitCacheConfig::default().adaptive(false)),
+        ));
         let traces = [
             Trace::Zipf(0.8),
             Trace::Zipf(1.0),
@@ -156,25 +160,32 @@ fn main() {
                     .map(|i| Arc::new(stream(&addrs, trace, 1 << 22, 77 + i as u64)))
                     .collect();
                 let before = cached.hit_cache_stats().unwrap();
-                let (mut u, mut c, mut p) = (Vec::new(), Vec::new(), Vec::new());
+                let (mut u, mut c, mut p, mut a) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
                 for _ in 0..5 {
                     // Interleaved, so drift on a shared machine hits all.
                     u.push(throughput(&plain, &streams, run));
                     c.push(throughput(&cached, &streams, run));
                     p.push(throughput(&per_cpu, &streams, run));
+                    a.push(throughput(&always, &streams, run));
                 }
                 let after = cached.hit_cache_stats().unwrap();
                 let hits = after.hits - before.hits;
                 let through = hits + after.misses - before.misses;
-                let all = through + after.bypassed - before.bypassed;
-                let (u, c, p) = (runner::median(u), runner::median(c), runner::median(p));
+                let (u, c, p, a) = (
+                    runner::median(u),
+                    runner::median(c),
+                    runner::median(p),
+                    runner::median(a),
+                );
                 println!(
-                    "| {n} | {} | {t} | {u:.1} | {c:.1} | {:.2}× | {:.1}% | {:.1}% | {p:.1} | {:.2}× |",
+                    "| {n} | {} | {t} | {u:.1} | {c:.1} | {:.2}× | {} | {} | {:.1}% | {p:.1} | {:.2}× | {a:.1} | {:.2}× |",
                     trace.name(),
                     c / u,
-                    100.0 * through as f64 / all.max(1) as f64,
+                    after.trials - before.trials,
+                    if after.enabled { "on" } else { "off" },
                     100.0 * hits as f64 / through.max(1) as f64,
-                    p / u
+                    p / u,
+                    a / u
                 );
             }
         }

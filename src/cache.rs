@@ -66,29 +66,36 @@
 //! table and its records already sit in the processor's caches, how the
 //! caller's own work competes for them, the machine. A hit rate says
 //! little (a high one on a hot set that fits in L1 anyway still loses the
-//! cache's own loads). So each thread measures the benefit itself, on its
-//! own lookups, and keeps the cache only while it is faster:
+//! cache's own loads). So the threads measure the benefit on their own
+//! lookups, and the cache stays on only while it is faster. A thread's
+//! **trial**:
 //!
 //! 1. **Warm-up**: 1,024 lookups through the cache (untimed), so that its
 //!    hot entries are filled.
-//! 2. **Trial**: six windows of 256 lookups, three through the cache and
-//!    three bypassing it, in the order C U U C C U (a steady drift of the
-//!    machine's speed cancels out). Each window is timed with the
-//!    time-stamp counter (the monotonic clock off x86-64): two clock reads
-//!    per window, none per lookup. The time covers everything the thread
-//!    did between its lookups, so the benefit is the thread's, not a
-//!    micro-benchmark's.
-//! 3. **Run**: the next 65,536 lookups through the cache if the median of
-//!    its windows beat the median of the bypassed ones by at least 1/32,
-//!    else bypassing it; then back to 1.
+//! 2. **Windows**: six of 256 lookups, three through the cache and three
+//!    past it, in the order C U U C C U (a steady drift of the machine's
+//!    speed cancels out), each timed with the time-stamp counter (the
+//!    monotonic clock off x86-64): two clock reads per window, none per
+//!    lookup. The time covers everything the thread did between its
+//!    lookups, so the benefit is the thread's, not a micro-benchmark's.
+//! 3. **Decision**: the index's switch goes on if the median of the
+//!    cached windows beat the median of the others by at least 1/32, else
+//!    off (a window stretched by a preemption does not decide).
 //!
-//! A bypassed lookup costs a flag test and a counter, and leaves the
-//! entries as they were. The trials are 4% of the lookups, half in the
-//! losing mode at most, so where the cache loses a thread pays a few
-//! percent of it at most, and where the pattern changes the next trial,
-//! at most 67,840 lookups later, follows. A trial stretched by a
-//! preemption or an interrupt in one window is decided by the other two
-//! (the medians); one in two windows can pick the slower mode for one run.
+//! While the switch is on, every lookup goes through the thread's cache
+//! and each thread runs a new trial after 65,536 of them. While it is off,
+//! a lookup loads the switch (a line written only when a trial changes
+//! it) and counts down a thread-local number, then looks the index up as
+//! an uncached one does: no call, no per-thread lookup. When a thread's
+//! count reaches zero, 65,536 lookups after its last trial (of any
+//! switched-off index: a thread's indexes share one count, so each is
+//! re-tried in proportion to its share of the thread's lookups), its next
+//! lookup through a switched-off cache starts a trial.
+//!
+//! Trials are 4% of a thread's lookups, and where the cache loses it is
+//! still used in under 3% of them. One switch per index, not per thread:
+//! the last trial decides for all, so threads with different patterns
+//! make it follow the latest.
 //!
 //! # Signal handlers
 //!
@@ -154,6 +161,11 @@ pub struct HitCacheConfig {
     /// use it). Falls back to per-thread caches when the CPU number cannot
     /// be read ([`HitCacheStats::mode`] says which was used).
     pub per_cpu: bool,
+    /// Let the switch turn the cache off where it is not faster (default
+    /// `true`; module docs, the switch). `false` keeps it on for every
+    /// lookup: for measuring the cache itself, or a workload known to
+    /// gain from it.
+    pub adaptive: bool,
 }
 
 impl Default for HitCacheConfig {
@@ -162,6 +174,7 @@ impl Default for HitCacheConfig {
             entries: 1024,
             ways: 4,
             per_cpu: false,
+            adaptive: true,
         }
     }
 }
@@ -187,6 +200,29 @@ impl HitCacheConfig {
     /// One cache per CPU (`true`) or per thread (`false`, the default).
     pub fn per_cpu(mut self, per_cpu: bool) -> Self {
         self.per_cpu = per_cpu;
+        self
+    }
+
+    /// Whether the switch may turn the cache off (`true`, the default) or
+    /// the cache serves every lookup (`false`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fprobe::{AddrIndex, HitCacheConfig};
+    /// let index = AddrIndex::<u32>::builder()
+    ///     .hit_cache(HitCacheConfig::new().adaptive(false))
+    ///     .build()
+    ///     .unwrap();
+    /// index.insert(7, 70).unwrap();
+    /// for _ in 0..10_000 {
+    ///     assert_eq!(index.lookup(7, |v| v[0]), Some(70));
+    /// }
+    /// let s = index.hit_cache_stats().unwrap();
+    /// assert_eq!((s.hits, s.misses, s.trials), (9_999, 1, 0));
+    /// ```
+    pub fn adaptive(mut self, adaptive: bool) -> Self {
+        self.adaptive = adaptive;
         self
     }
 
@@ -221,9 +257,15 @@ pub struct HitCacheStats {
     pub hits: u64,
     /// Lookups that went to the index and filled an entry.
     pub misses: u64,
-    /// Lookups that went to the index while the thread's cache was
-    /// switched off (it was not faster: module docs, the switch).
+    /// Lookups a trial sent past the cache (its windows without it). The
+    /// lookups made while the switch is off are not counted: that would
+    /// cost each of them the per-thread access the switch saves.
     pub bypassed: u64,
+    /// Trials run (module docs: the switch).
+    pub trials: u64,
+    /// Whether the switch is on: the last trial found the cache faster
+    /// (or none has finished yet).
+    pub enabled: bool,
     /// Lookups that went to the index because they interrupted the same
     /// thread's lookup through the cache (a signal handler's).
     pub nested: u64,
@@ -499,6 +541,9 @@ struct ThreadCache<R> {
     victim: Cell<usize>,
     /// Whether this thread's lookups go through the cache now.
     cached: Cell<bool>,
+    /// `HitCacheConfig::adaptive`: when `false` the schedule never leaves
+    /// its run through the cache.
+    adaptive: bool,
     /// Lookups left in the current step of the switch's schedule.
     left: Cell<u32>,
     /// The step: 0 the warm-up, 1..=6 the timed windows of [`TRIAL`],
@@ -534,6 +579,8 @@ struct Counters {
     /// Stored by nested lookups (signal handlers) with a read-modify-write,
     /// so one nesting level never overwrites another's count.
     nested: AtomicU64,
+    /// Trials decided (the switch).
+    trials: AtomicU64,
 }
 
 impl Counters {
@@ -556,6 +603,16 @@ pub(crate) struct HitCache<R> {
     pub(crate) generation: CachePadded<unmodelled::AtomicU64>,
     /// The per-CPU caches, in per-CPU mode.
     per_cpu: Option<PerCpu<R>>,
+    /// The switch (module docs): whether the last trial found the cache
+    /// faster. Read by every lookup, stored only when a trial changes it.
+    enabled: crate::sync::unmodelled::AtomicBool,
+}
+
+std::thread_local! {
+    /// Lookups this thread sends past switched-off caches (of any index)
+    /// before its next lookup through one runs a trial. Const-initialised,
+    /// no destructor: usable in signal handlers and thread teardown.
+    static UNTIL_TRIAL: Cell<u32> = const { Cell::new(0) };
 }
 
 impl<R> HitCache<R> {
@@ -585,6 +642,7 @@ impl<R> HitCache<R> {
             } else {
                 None
             },
+            enabled: crate::sync::unmodelled::AtomicBool::new(true),
         }
     }
 
@@ -595,8 +653,34 @@ impl<R> HitCache<R> {
         self.generation.advance();
     }
 
+    /// Whether this lookup goes past the cache: the switch is off and the
+    /// thread's countdown to its next trial has not run out (it is then
+    /// counted down). Inlined into the index's lookup, so a switched-off
+    /// cache costs one load of a line that is written only when a trial
+    /// changes the switch, and one thread-local countdown: no call, no
+    /// per-thread lookup. A signal handler that interrupts the countdown
+    /// may lose one count, which only moves the next trial.
+    #[inline(always)]
+    pub(crate) fn switched_off(&self) -> bool {
+        // Relaxed: a hint that publishes nothing; the entries have their
+        // own protocol.
+        if self.enabled.load(Ordering::Relaxed) {
+            return false;
+        }
+        UNTIL_TRIAL.with(|n| {
+            let left = n.get();
+            if left == 0 {
+                return false;
+            }
+            n.set(left - 1);
+            true
+        })
+    }
+
     /// Looks `addr` up through the calling thread's cache; `miss` does the
-    /// index lookup. The caller holds a read guard.
+    /// index lookup. The caller holds a read guard and has asked
+    /// [`switched_off`](Self::switched_off) first (this is the path of a
+    /// switched-on cache and of a thread's trials).
     #[inline]
     pub(crate) fn lookup(&self, addr: u64, miss: impl FnOnce() -> *mut R) -> *mut R {
         let local = match self.locals.get() {
@@ -634,8 +718,9 @@ impl<R> HitCache<R> {
         miss: impl FnOnce() -> *mut R,
     ) -> *mut R {
         if !local.cached.get() {
+            // A trial's window without the cache.
             Counters::bump(&local.counters.bypassed);
-            local.tick();
+            local.tick(&self.enabled);
             return miss();
         }
         let base = (mix(addr) as usize & local.set_mask) * local.ways;
@@ -658,7 +743,7 @@ impl<R> HitCache<R> {
             local.victim.set(local.victim.get().wrapping_add(1));
             Counters::bump(&local.counters.misses);
         }
-        local.tick();
+        local.tick(&self.enabled);
         rec
     }
 
@@ -681,8 +766,9 @@ impl<R> HitCache<R> {
                 ways: c.ways,
                 victim: Cell::new(0),
                 cached: Cell::new(true),
-                left: Cell::new(WARM_UP),
-                step: Cell::new(0),
+                adaptive: c.adaptive,
+                left: Cell::new(if c.adaptive { WARM_UP } else { RUN }),
+                step: Cell::new(if c.adaptive { 0 } else { RUN_STEP }),
                 started: Cell::new(0),
                 times: Default::default(),
                 busy: Cell::new(false),
@@ -700,8 +786,11 @@ impl<R> HitCache<R> {
             s.misses += l.counters.misses.load(Ordering::Relaxed);
             s.bypassed += l.counters.bypassed.load(Ordering::Relaxed);
             s.nested += l.counters.nested.load(Ordering::Relaxed);
+            s.trials += l.counters.trials.load(Ordering::Relaxed);
             s.threads += 1;
         }
+        // Relaxed: a statistic.
+        s.enabled = self.enabled.load(Ordering::Relaxed);
         let c = self.config;
         match &self.per_cpu {
             Some(pc) => {
@@ -728,29 +817,50 @@ impl<R> HitCache<R> {
 impl<R> ThreadCache<R> {
     /// Counts one lookup against the current step of the schedule.
     #[inline(always)]
-    fn tick(&self) {
+    fn tick(&self, enabled: &crate::sync::unmodelled::AtomicBool) {
         let left = self.left.get() - 1;
         if left > 0 {
             self.left.set(left);
             return;
         }
-        self.next_step();
+        self.next_step(enabled);
     }
 
     /// Ends a step: records a timed window's time, and starts the next
     /// step (after the last window, the run in the faster mode; after the
     /// run, a new trial).
     #[cold]
-    fn next_step(&self) {
+    fn next_step(&self, enabled: &crate::sync::unmodelled::AtomicBool) {
+        if !self.adaptive {
+            // Always on: one endless run.
+            self.left.set(RUN);
+            return;
+        }
         let now = ticks();
         let step = self.step.get();
         if (1..RUN_STEP).contains(&step) {
             self.times[usize::from(step) - 1].set(now.wrapping_sub(self.started.get()));
         }
-        let next = if step == RUN_STEP { 0 } else { step + 1 };
+        let mut next = if step == RUN_STEP { 0 } else { step + 1 };
+        if next == RUN_STEP {
+            let pays = self.cache_pays();
+            // Relaxed: see `switched_off`. Stored only on a change, so the
+            // line stays shared while the switch holds.
+            if enabled.load(Ordering::Relaxed) != pays {
+                enabled.store(pays, Ordering::Relaxed);
+            }
+            Counters::bump(&self.counters.trials);
+            if !pays {
+                // Off: the thread's next `RUN` lookups of switched-off
+                // caches skip it; the one after runs a new trial here,
+                // from the warm-up.
+                UNTIL_TRIAL.with(|n| n.set(RUN));
+                next = 0;
+            }
+        }
         let (cached, len) = match next {
             0 => (true, WARM_UP),
-            RUN_STEP => (self.cache_pays(), RUN),
+            RUN_STEP => (true, RUN),
             n => (TRIAL[usize::from(n) - 1], WINDOW),
         };
         self.step.set(next);

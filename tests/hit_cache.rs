@@ -138,14 +138,14 @@ fn dropped_index_cache_slot_is_not_reused_stale() {
 /// inserted (and announced) before the lookup and not yet removed is seen.
 #[test]
 fn never_stale_under_churn() {
-    churn(HitCacheConfig::default());
+    churn(HitCacheConfig::default().adaptive(false));
 }
 
 /// The same with one cache per CPU: the four threads share the caches of
 /// the CPUs they run on, and fill and read them concurrently.
 #[test]
 fn never_stale_under_churn_per_cpu() {
-    churn(HitCacheConfig::default().per_cpu(true));
+    churn(HitCacheConfig::default().per_cpu(true).adaptive(false));
 }
 
 #[test]
@@ -320,8 +320,8 @@ fn any_number_of_cached_indexes_each_get_a_cache() {
 
 /// The switch's schedule, whatever the timings: 1,024 lookups through the
 /// cache, a trial of three 256-lookup windows through it and three past
-/// it, then a run of 65,536 lookups all through it or all past it, then the
-/// next warm-up through it.
+/// it, then 65,536 lookups all through it (switch on) or all past it
+/// uncounted (switch off), then the next warm-up through it.
 #[test]
 fn the_switch_runs_its_schedule() {
     let index = cached(4);
@@ -333,14 +333,29 @@ fn the_switch_runs_its_schedule() {
             assert_eq!(index.lookup(i % 32, |v| v[0]), Some(i % 32));
         }
         let s = index.hit_cache_stats().unwrap();
-        (s.hits + s.misses, s.bypassed)
+        (s.hits + s.misses, s.bypassed, s.trials, s.enabled)
     };
-    assert_eq!(counts(1024 + 1536), (1024 + 768, 768), "warm-up and trial");
-    let (through, past) = counts(65_536);
-    assert!(
-        (through, past) == (1792 + 65_536, 768) || (through, past) == (1792, 768 + 65_536),
-        "a run is all one mode: {through} through, {past} past"
+    assert_eq!(
+        counts(1024 + 1535),
+        (1024 + 768, 767, 0, true),
+        "warm-up and trial"
     );
-    let (through2, past2) = counts(1024);
-    assert_eq!((through2 - through, past2 - past), (1024, 0), "warm-up");
+    let (through, past, trials, on) = counts(1);
+    assert_eq!((through, past, trials), (1792, 768, 1), "the trial ends");
+    let run = counts(65_536);
+    if on {
+        assert_eq!(
+            run,
+            (1792 + 65_536, 768, 1, true),
+            "a run through the cache"
+        );
+    } else {
+        assert_eq!(run, (1792, 768, 1, false), "a run past the cache");
+    }
+    let (through2, past2, _, _) = counts(1024);
+    assert_eq!(
+        (through2 - run.0, past2 - run.1),
+        (1024, 0),
+        "the next warm-up"
+    );
 }

@@ -56,7 +56,7 @@ extern "C" fn on_sigusr1(_: c_int) {
 fn a_handler_lookup_never_tears_the_interrupted_fill() {
     let index = INDEX.get_or_init(|| {
         let index = AddrIndex::builder()
-            .hit_cache(HitCacheConfig::new().entries(16).ways(1))
+            .hit_cache(HitCacheConfig::new().entries(16).ways(1).adaptive(false))
             .build()
             .unwrap();
         for side in 0..2 {

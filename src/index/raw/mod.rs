@@ -310,6 +310,11 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         }
         match &self.cache {
             None => self.lookup_uncached_then(key, Table::lookup, found, absent),
+            // Switched off (module docs of `cache`, the switch): the plain
+            // lookup, inline.
+            Some(c) if c.switched_off() => {
+                self.lookup_uncached_then(key, Table::lookup, found, absent)
+            }
             Some(c) => NonNull::new(self.lookup_cached(c, key)).map_or_else(absent, found),
         }
     }
