@@ -9,9 +9,8 @@
 //! seconds (2 by default).
 
 use std::ffi::c_int;
-use std::os::unix::thread::JoinHandleExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier, OnceLock};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use fprobe::{AddrIndex, HitCacheConfig, rcu};
 
@@ -68,28 +67,18 @@ fn a_handler_lookup_never_tears_the_interrupted_fill() {
         index
     });
     signal_storm::install(on_sigusr1);
-    let ready = Arc::new(Barrier::new(2));
-    let stop = Arc::new(AtomicBool::new(false));
-    let worker = {
-        let (ready, stop) = (ready.clone(), stop.clone());
-        std::thread::spawn(move || {
-            // The handler must not allocate: make this thread's cache.
-            look_up_side(0);
-            ready.wait();
+    let rounds = signal_storm::storm_a_worker(
+        // The handler must not allocate: make this thread's cache.
+        || look_up_side(0),
+        |stop| {
             let mut rounds = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 look_up_side(0);
                 rounds += 1;
             }
             rounds
-        })
-    };
-    let target = worker.as_pthread_t();
-    ready.wait();
-    // `worker` is alive until it is joined below.
-    signal_storm::send_for_duration(target);
-    stop.store(true, Ordering::Relaxed);
-    let rounds = worker.join().unwrap();
+        },
+    );
     let signals = SIGNALS.load(Ordering::Relaxed);
     let s = index.hit_cache_stats().unwrap();
     eprintln!(

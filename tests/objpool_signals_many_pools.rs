@@ -10,9 +10,8 @@
 //! The storm lasts `FPROBE_SIGNAL_SECS` seconds (2 by default).
 
 use std::ffi::c_int;
-use std::os::unix::thread::JoinHandleExt;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier, OnceLock};
 
 use fprobe::ObjPool;
 
@@ -74,16 +73,14 @@ fn a_handler_on_another_pool_never_mixes_up_the_magazines() {
         })
     });
     signal_storm::install(on_sigusr1);
-    let ready = Arc::new(Barrier::new(2));
-    let stop = Arc::new(AtomicBool::new(false));
-    let worker = {
-        let (ready, stop) = (ready.clone(), stop.clone());
-        std::thread::spawn(move || {
-            // The handler must not allocate: make this thread's magazines.
+    let misses = signal_storm::storm_a_worker(
+        // The handler must not allocate: make this thread's magazines.
+        move || {
             for p in pools {
                 p.prepare_thread();
             }
-            ready.wait();
+        },
+        |stop| {
             let mut misses = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 // Alternating pools keeps the thread's one-entry cache
@@ -93,14 +90,8 @@ fn a_handler_on_another_pool_never_mixes_up_the_magazines() {
                 }
             }
             misses
-        })
-    };
-    let target = worker.as_pthread_t();
-    ready.wait();
-    // `worker` is alive until it is joined below.
-    signal_storm::send_for_duration(target);
-    stop.store(true, Ordering::Relaxed);
-    let misses = worker.join().unwrap();
+        },
+    );
     let signals = SIGNALS.load(Ordering::Relaxed);
     eprintln!("objpool, three pools under a signal storm: {signals} signals handled");
     assert_eq!(

@@ -64,3 +64,33 @@ pub fn send_for_duration(target: libc::pthread_t) -> u64 {
     let deadline = Instant::now() + duration();
     send_while(target, || Instant::now() < deadline)
 }
+
+/// Runs `work` on a new thread and storms that thread with `SIGUSR1` for
+/// [`duration`]; returns what `work` returned. `prepare` runs on the
+/// thread first, before the storm (a handler must not allocate: make the
+/// thread's state there); `work` runs until the flag it is given is set.
+pub fn storm_a_worker<T: Send + 'static>(
+    prepare: impl FnOnce() + Send + 'static,
+    work: impl FnOnce(&std::sync::atomic::AtomicBool) -> T + Send + 'static,
+) -> T {
+    use std::os::unix::thread::JoinHandleExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Barrier};
+
+    let ready = Arc::new(Barrier::new(2));
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let (ready, stop) = (ready.clone(), stop.clone());
+        std::thread::spawn(move || {
+            prepare();
+            ready.wait();
+            work(&stop)
+        })
+    };
+    let target = worker.as_pthread_t();
+    ready.wait();
+    // `worker` is alive until it is joined below.
+    send_for_duration(target);
+    stop.store(true, Ordering::Relaxed);
+    worker.join().unwrap()
+}
