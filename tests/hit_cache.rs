@@ -323,6 +323,7 @@ fn any_number_of_cached_indexes_each_get_a_cache() {
 /// it, then 65,536 lookups all through it (switch on) or all past it
 /// uncounted (switch off), then the next warm-up through it.
 #[test]
+#[cfg_attr(miri, ignore)] // 70,000 lookups: minutes under miri, and no unsafe code of its own
 fn the_switch_runs_its_schedule() {
     let index = cached(4);
     for a in 0..32u64 {
