@@ -167,6 +167,10 @@ pub enum Workload {
     /// Every lookup on one address (the first of the hot set): the kernel's
     /// trigger calling one probed function.
     One,
+    /// Zipf-distributed ranks (function-call frequencies are roughly so)
+    /// with exponent `s / 10` (0.8, 1.0 or 1.2), the ranks spread over the
+    /// addresses at random.
+    Zipf(u8),
 }
 
 impl Workload {
@@ -176,7 +180,12 @@ impl Workload {
                 "uniform" => Ok(Self::Uniform),
                 "hot" => Ok(Self::Hot),
                 "one" => Ok(Self::One),
-                _ => Err(format!("unknown workload {w:?} (uniform|hot|one)")),
+                "zipf0.8" => Ok(Self::Zipf(8)),
+                "zipf1.0" => Ok(Self::Zipf(10)),
+                "zipf1.2" => Ok(Self::Zipf(12)),
+                _ => Err(format!(
+                    "unknown workload {w:?} (uniform|hot|one|zipf0.8|zipf1.0|zipf1.2)"
+                )),
             })
             .collect()
     }
@@ -186,6 +195,9 @@ impl Workload {
             Self::Uniform => "uniform",
             Self::Hot => "hot",
             Self::One => "one",
+            Self::Zipf(8) => "zipf0.8",
+            Self::Zipf(10) => "zipf1.0",
+            Self::Zipf(_) => "zipf1.2",
         }
     }
 }
@@ -214,13 +226,25 @@ pub fn streams(
 ) -> Vec<Vec<u64>> {
     let len = (addrs.len() * 2).clamp(1 << 16, 1 << 21) / batch * batch;
     let hot = hot_set(addrs, seed);
+    // Zipf: the same rank order for every producer.
+    let mut by_rank = addrs.to_vec();
+    by_rank.shuffle(&mut StdRng::seed_from_u64(seed ^ 0x21bf));
+    let zipf = match workload {
+        Workload::Zipf(s) => Some(
+            rand_distr::Zipf::new(addrs.len() as f64, f64::from(s) / 10.0).expect("valid Zipf"),
+        ),
+        _ => None,
+    };
     (0..producers)
         .map(|p| {
             let mut rng = StdRng::seed_from_u64(seed.wrapping_add(1 + p as u64));
             (0..len)
-                .map(|_| match workload {
-                    Workload::Hot if rng.random_ratio(9, 10) => hot[rng.random_range(0..hot.len())],
-                    Workload::One => hot[0],
+                .map(|_| match (workload, zipf) {
+                    (Workload::Hot, _) if rng.random_ratio(9, 10) => {
+                        hot[rng.random_range(0..hot.len())]
+                    }
+                    (Workload::One, _) => hot[0],
+                    (_, Some(z)) => by_rank[rng.sample(z) as usize - 1],
                     _ => addrs[rng.random_range(0..addrs.len())],
                 })
                 .collect()

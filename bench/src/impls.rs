@@ -54,6 +54,10 @@ pub const NAMES: &[(&str, &str)] = &[
         "fprobe with huge_pages(false): its table on the global allocator's 4 KiB pages, like every peer's (fprobe's too below 8 MiB: ~131k addresses)",
     ),
     (
+        "fprobe-hit-cache",
+        "fprobe with the default recent-hit cache and its switch (on only where it times faster)",
+    ),
+    (
         "hashbrown-ceiling",
         "unsynchronised read-only hashbrown::HashMap<u64, Vec<u64>>",
     ),
@@ -92,6 +96,10 @@ pub fn build(data: &[(u64, Vec<u64>)], keep: &dyn Fn(&str) -> bool) -> Vec<Impl>
             "fprobe-small-pages" => Box::new(FprobeBatch(fprobe_index_with(
                 data,
                 AddrIndex::builder().huge_pages(false),
+            ))),
+            "fprobe-hit-cache" => Box::new(FprobeBatch(fprobe_index_with(
+                data,
+                AddrIndex::builder().hit_cache(fprobe::HitCacheConfig::new()),
             ))),
             "hashbrown-ceiling" => Box::new(Ceiling(hb())),
             "fixed256" => Box::new(Fixed256::new(data)),
