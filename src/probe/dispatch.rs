@@ -109,8 +109,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // Relaxed: ordered by the Acquire above.
             let p = slot.probe.load(Ordering::Relaxed);
             // SAFETY: the generation matched inside our read section, so
-            // `unregister` has not passed its grace period: the Arc it owns
-            // keeps the probe alive until we leave the section.
+            // `unregister` has not passed its grace period, and it frees the
+            // probe only after it: the probe lives until we leave the section.
             let Some(p) = (unsafe { p.as_ref() }) else {
                 continue;
             };
@@ -240,8 +240,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // Relaxed: ordered by the Acquire above.
             let fp = slot.probe.load(Ordering::Relaxed);
             // SAFETY: the generation matched inside our read section, so
-            // `unregister` has not passed its grace period: the Arc it owns
-            // keeps the probe alive until we leave the section.
+            // `unregister` has not passed its grace period, and it frees the
+            // probe only after it: the probe lives until we leave the section.
             let Some(fp) = (unsafe { fp.as_ref() }) else {
                 continue;
             };

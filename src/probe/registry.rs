@@ -12,8 +12,6 @@
 //! generation is recognised as dead even after the slot is reused (the
 //! kernel checks the probe pointer only, which address reuse defeats).
 
-use std::sync::Arc;
-
 use super::def::Fprobe;
 use super::recursion;
 use super::shadow::ShadowStack;
@@ -88,7 +86,7 @@ pub(super) struct ProbeSlot<C> {
     /// registered here. Invariant: stored only under the registry mutex
     /// (enable/disable: a compare-exchange that keeps the generation).
     pub(super) state: AtomicU64,
-    /// The registered probe (`Arc::into_raw`), for entry and exit dispatch.
+    /// The registered probe (`Box::into_raw`), for entry and exit dispatch.
     /// Set before the generation is published; taken and dropped by
     /// `unregister` after its grace period. So a dispatcher that loaded the
     /// state with the generation it expects, inside a read-side section,
@@ -344,7 +342,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         } else {
             0
         };
-        let probe = Arc::new(probe);
+        let probe = Box::new(probe);
         let mut book = self.book();
         let slot = book.free.pop().ok_or(Error::TooManyProbes {
             max_probes: self.slots.len(),
@@ -356,8 +354,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let s = &self.slots[slot as usize];
         let generation = ((s.state.load(Ordering::Relaxed) >> 1) | 1) + 2;
         // Relaxed: published by the Release state store below.
-        s.probe
-            .store(Arc::into_raw(probe.clone()).cast_mut(), Ordering::Relaxed);
+        s.probe.store(Box::into_raw(probe), Ordering::Relaxed);
         // Release: pairs with the Acquire state loads of dispatch; a thread
         // that sees this generation sees the probe pointer.
         s.state.store(state(generation, true), Ordering::Release);
@@ -391,10 +388,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 // inside a read-side section it returns without a grace
                 // period: a dispatcher that saw this generation may still
                 // hold `p`. Dropped after a grace period, then.
-                // SAFETY: `p` came from `Arc::into_raw`; the swap took it
-                // out of the slot, so it is released once; the box is ours
-                // and `Arc<Fprobe<C>>` may be dropped on another thread.
-                unsafe { rcu::retire_box_raw(Box::into_raw(Box::new(Arc::from_raw(p)))) };
+                // SAFETY: `p` came from `Box::into_raw`; the swap took it
+                // out of the slot, so it is retired once, and `Fprobe<C>`
+                // may be dropped on another thread.
+                unsafe { rcu::retire_box_raw(p) };
                 book.free.push(slot);
                 Err(e.error)
             }
@@ -452,8 +449,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // SAFETY: the generation changed before the grace period above:
             // a dispatcher that could still load `p` was inside a read
             // section the grace period waited for. `p` came from
-            // `Arc::into_raw`.
-            drop(unsafe { Arc::from_raw(p) });
+            // `Box::into_raw`.
+            drop(unsafe { Box::from_raw(p) });
         }
         self.book().free.push(h.slot);
         Ok(())
@@ -558,8 +555,8 @@ impl<C: 'static> Drop for Registry<C> {
             let p = s.probe.swap(std::ptr::null_mut(), Ordering::Relaxed);
             if !p.is_null() {
                 // SAFETY: `&mut self`: no dispatch runs; `p` came from
-                // `Arc::into_raw` and is dropped once.
-                drop(unsafe { Arc::from_raw(p) });
+                // `Box::into_raw` and is dropped once.
+                drop(unsafe { Box::from_raw(p) });
             }
         }
         // The threads' states go with `locals`.
