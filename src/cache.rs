@@ -493,7 +493,7 @@ struct PerCpu<R> {
     cpus: usize,
 }
 
-/// The switch's schedule (module docs: memory and the switch): lookups
+/// The switch's schedule (module docs: the switch): lookups
 /// through the cache to warm it, lookups per timed window, and lookups
 /// run in the chosen mode before the next trial.
 const WARM_UP: u32 = 1024;
@@ -605,7 +605,7 @@ pub(crate) struct HitCache<R> {
     per_cpu: Option<PerCpu<R>>,
     /// The switch (module docs): whether the last trial found the cache
     /// faster. Read by every lookup, stored only when a trial changes it.
-    enabled: crate::sync::unmodelled::AtomicBool,
+    enabled: unmodelled::AtomicBool,
 }
 
 std::thread_local! {
@@ -642,7 +642,7 @@ impl<R> HitCache<R> {
             } else {
                 None
             },
-            enabled: crate::sync::unmodelled::AtomicBool::new(true),
+            enabled: unmodelled::AtomicBool::new(true),
         }
     }
 
@@ -817,7 +817,7 @@ impl<R> HitCache<R> {
 impl<R> ThreadCache<R> {
     /// Counts one lookup against the current step of the schedule.
     #[inline(always)]
-    fn tick(&self, enabled: &crate::sync::unmodelled::AtomicBool) {
+    fn tick(&self, enabled: &unmodelled::AtomicBool) {
         let left = self.left.get() - 1;
         if left > 0 {
             self.left.set(left);
@@ -830,7 +830,7 @@ impl<R> ThreadCache<R> {
     /// step (after the last window, the run in the faster mode; after the
     /// run, a new trial).
     #[cold]
-    fn next_step(&self, enabled: &crate::sync::unmodelled::AtomicBool) {
+    fn next_step(&self, enabled: &unmodelled::AtomicBool) {
         if !self.adaptive {
             // Always on: one endless run.
             self.left.set(RUN);
