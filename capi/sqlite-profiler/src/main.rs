@@ -253,9 +253,28 @@ struct Options {
 const USAGE: &str = "usage: fprobe-sqlite-profiler [--rows N] [--threads 1,2] [--reps R] [--top K]
     [--handlers profile|noop] [--modes plain,detached,fprobe,hashmap] [--hit-cache N[,percpu]]";
 
-/// Parses the arguments after the program name; `Err` carries the message
-/// to print (the usage for `--help`).
-fn parse_options(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Options, String> {
+/// Why the command line gave no [`Options`].
+enum ArgsError {
+    /// `-h` / `--help`: print the usage and exit successfully.
+    Help,
+    /// A bad option or value: print the message and exit with status 2.
+    Bad(String),
+}
+
+impl From<String> for ArgsError {
+    fn from(msg: String) -> Self {
+        ArgsError::Bad(msg)
+    }
+}
+
+impl From<lexopt::Error> for ArgsError {
+    fn from(e: lexopt::Error) -> Self {
+        ArgsError::Bad(e.to_string())
+    }
+}
+
+/// Parses the arguments after the program name.
+fn parse_options(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Options, ArgsError> {
     use lexopt::prelude::*;
 
     fn value<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String> {
@@ -274,15 +293,14 @@ fn parse_options(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<O
         hit_cache: (0, false),
     };
     let mut parser = lexopt::Parser::from_args(args);
-    let text = |p: &mut lexopt::Parser, flag: &str| -> Result<String, String> {
-        p.value()
-            .map_err(|e| e.to_string())?
+    let text = |p: &mut lexopt::Parser, flag: &str| -> Result<String, ArgsError> {
+        Ok(p.value()?
             .into_string()
-            .map_err(|v| format!("{flag}: not valid UTF-8: {v:?}"))
+            .map_err(|v| format!("{flag}: not valid UTF-8: {v:?}"))?)
     };
-    while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
+    while let Some(arg) = parser.next()? {
         match arg {
-            Short('h') | Long("help") => return Err(USAGE.into()),
+            Short('h') | Long("help") => return Err(ArgsError::Help),
             Long("rows") => o.rows = value("--rows", text(&mut parser, "--rows")?)?,
             Long("reps") => o.reps = value::<usize>("--reps", text(&mut parser, "--reps")?)?.max(1),
             Long("top") => o.top = value("--top", text(&mut parser, "--top")?)?,
@@ -290,9 +308,9 @@ fn parse_options(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<O
                 o.threads = text(&mut parser, "--threads")?
                     .split(',')
                     .map(|t| value("--threads", t.to_string()))
-                    .collect::<Result<_, _>>()?;
+                    .collect::<Result<_, String>>()?;
                 if o.threads.is_empty() || o.threads.contains(&0) {
-                    return Err("--threads: counts must be ≥ 1".into());
+                    return Err(ArgsError::Bad("--threads: counts must be ≥ 1".into()));
                 }
             }
             Long("modes") => {
@@ -307,13 +325,15 @@ fn parse_options(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<O
                             "--modes: unknown mode {other:?} (plain, detached, fprobe, hashmap)"
                         )),
                     })
-                    .collect::<Result<_, _>>()?;
+                    .collect::<Result<_, String>>()?;
             }
             Long("handlers") => {
                 o.noop = match text(&mut parser, "--handlers")?.as_str() {
                     "noop" => true,
                     "profile" => false,
-                    other => return Err(format!("--handlers: {other:?} is not profile or noop")),
+                    other => {
+                        return Err(format!("--handlers: {other:?} is not profile or noop").into());
+                    }
                 }
             }
             Long("hit-cache") => {
@@ -322,11 +342,11 @@ fn parse_options(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<O
                 let percpu = match mode {
                     "" => false,
                     "percpu" => true,
-                    other => return Err(format!("--hit-cache: {other:?} is not percpu")),
+                    other => return Err(format!("--hit-cache: {other:?} is not percpu").into()),
                 };
                 o.hit_cache = (value("--hit-cache", n.to_string())?, percpu);
             }
-            _ => return Err(arg.unexpected().to_string()),
+            _ => return Err(arg.unexpected().into()),
         }
     }
     Ok(o)
@@ -368,11 +388,11 @@ fn main() {
         hit_cache: (entries, percpu),
     } = match parse_options(std::env::args_os().skip(1)) {
         Ok(o) => o,
-        Err(msg) if msg == USAGE => {
+        Err(ArgsError::Help) => {
             println!("{USAGE}");
             return;
         }
-        Err(msg) => {
+        Err(ArgsError::Bad(msg)) => {
             eprintln!("fprobe-sqlite-profiler: error: {msg}\n{USAGE}");
             std::process::exit(2);
         }
