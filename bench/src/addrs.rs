@@ -226,25 +226,27 @@ pub fn streams(
 ) -> Vec<Vec<u64>> {
     let len = (addrs.len() * 2).clamp(1 << 16, 1 << 21) / batch * batch;
     let hot = hot_set(addrs, seed);
-    // Zipf: the same rank order for every producer.
-    let mut by_rank = addrs.to_vec();
-    by_rank.shuffle(&mut StdRng::seed_from_u64(seed ^ 0x21bf));
+    // Zipf: the distribution and one rank order for every producer.
     let zipf = match workload {
-        Workload::Zipf(s) => Some(
-            rand_distr::Zipf::new(addrs.len() as f64, f64::from(s) / 10.0).expect("valid Zipf"),
-        ),
+        Workload::Zipf(s) => {
+            let mut by_rank = addrs.to_vec();
+            by_rank.shuffle(&mut StdRng::seed_from_u64(seed ^ 0x21bf));
+            let z =
+                rand_distr::Zipf::new(addrs.len() as f64, f64::from(s) / 10.0).expect("valid Zipf");
+            Some((z, by_rank))
+        }
         _ => None,
     };
     (0..producers)
         .map(|p| {
             let mut rng = StdRng::seed_from_u64(seed.wrapping_add(1 + p as u64));
             (0..len)
-                .map(|_| match (workload, zipf) {
+                .map(|_| match (workload, &zipf) {
                     (Workload::Hot, _) if rng.random_ratio(9, 10) => {
                         hot[rng.random_range(0..hot.len())]
                     }
                     (Workload::One, _) => hot[0],
-                    (_, Some(z)) => by_rank[rng.sample(z) as usize - 1],
+                    (_, Some((z, by_rank))) => by_rank[rng.sample(z) as usize - 1],
                     _ => addrs[rng.random_range(0..addrs.len())],
                 })
                 .collect()
