@@ -364,6 +364,14 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Config, ArgsEr
     })
 }
 
+/// Says on stderr whether an output file was written.
+fn report_written<E: std::fmt::Display>(path: &str, result: Result<(), E>) {
+    match result {
+        Ok(()) => eprintln!("wrote {path}"),
+        Err(e) => eprintln!("cannot write {path}: {e}"),
+    }
+}
+
 fn main() -> ExitCode {
     let cfg = match parse_args(std::env::args_os().skip(1)) {
         Ok(c) => c,
@@ -389,16 +397,10 @@ fn main() -> ExitCode {
         rows.extend((b.run)(&cfg));
     }
     if let Some(path) = &cfg.csv {
-        match report::write_csv(path, &rows) {
-            Ok(()) => eprintln!("wrote {path}"),
-            Err(e) => eprintln!("cannot write {path}: {e}"),
-        }
+        report_written(path, report::write_csv(path, &rows));
     }
     if let Some(path) = &cfg.svg {
-        match report::write_svg(path, &rows) {
-            Ok(()) => eprintln!("wrote {path}"),
-            Err(e) => eprintln!("cannot write {path}: {e}"),
-        }
+        report_written(path, report::write_svg(path, &rows));
     }
     md!(
         "finished in {:.1} s; {} at the end",
@@ -406,10 +408,7 @@ fn main() -> ExitCode {
         report::loadavg()
     );
     if let Some(path) = &cfg.markdown {
-        match report::write_markdown(path) {
-            Ok(()) => eprintln!("wrote {path}"),
-            Err(e) => eprintln!("cannot write {path}: {e}"),
-        }
+        report_written(path, report::write_markdown(path));
     }
     eprintln!("done in {:.1} s", t0.elapsed().as_secs_f64());
     ExitCode::SUCCESS
