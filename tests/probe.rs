@@ -54,6 +54,62 @@ fn entry_exit_pairing_data_and_cookies() {
 }
 
 #[test]
+fn entry_for_exit_pushes_a_frame_only_for_calls_with_an_exit_to_run() {
+    let reg = Registry::<()>::builder().max_depth(4).build().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let l = log.clone();
+    let with_exit = Fprobe::<()>::builder()
+        .data_size(8)
+        .entry(|e| {
+            e.data.copy_from_slice(&e.addr.to_ne_bytes());
+            EntryAction::Continue
+        })
+        .exit(move |x| {
+            l.lock()
+                .unwrap()
+                .push((x.addr, x.data.to_vec(), x.ret_addr))
+        })
+        .build();
+    let skip = Fprobe::<()>::builder()
+        .data_size(8)
+        .entry(|_| EntryAction::SkipExit)
+        .exit(|_| panic!("skipped"))
+        .build();
+    let entry_only = Fprobe::<()>::builder()
+        .entry(|_| EntryAction::Continue)
+        .build();
+    let h = reg.register(with_exit, &[0x10]).unwrap();
+    reg.register(skip, &[0x20]).unwrap();
+    reg.register(entry_only, &[0x30]).unwrap();
+    // 0x10 → (0x20, 0x30, unprobed 0x40, each returning at once) → returns.
+    // Only 0x10 keeps a frame; the others push nothing, so the one exit
+    // pops 0x10's frame.
+    assert!(reg.on_entry_for_exit(0x10, 0x1000, &()));
+    for a in [0x20, 0x30, 0x40] {
+        assert!(!reg.on_entry_for_exit(a, 0x2000, &()), "{a:#x}");
+    }
+    reg.on_exit(0x1000, &());
+    assert_eq!(
+        *log.lock().unwrap(),
+        [(0x10, 0x10u64.to_ne_bytes().to_vec(), 0x1000)]
+    );
+    // Deeper than the stack holds: no frame, counted, and the entry says so.
+    let kept = (0..100)
+        .take_while(|_| reg.on_entry_for_exit(0x10, 0, &()))
+        .count();
+    assert!((4..100).contains(&kept), "{kept}");
+    for _ in 0..kept {
+        reg.on_exit(0, &());
+    }
+    let st = reg.stats(h).unwrap();
+    let n = kept as u64;
+    assert_eq!((st.hits, st.exits, st.missed.depth), (n + 2, n + 1, 1));
+    // Nothing left behind: an exit with no entry runs nothing.
+    reg.on_exit(0, &());
+    assert_eq!(reg.stats(h).unwrap().exits, n + 1);
+}
+
+#[test]
 fn several_probes_on_one_address_run_in_registration_order() {
     let reg = Registry::<()>::builder().build().unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));

@@ -46,42 +46,95 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// saves entering a nested section.
     #[inline]
     pub fn on_entry_in(&self, guard: &rcu::ReadGuard, addr: u64, ret_addr: u64, ctx: &C) {
-        let Some(local) = self.local() else { return };
+        self.entry::<true>(guard, addr, ret_addr, ctx);
+    }
+
+    /// Function entry for an engine that hooks a return only when it has
+    /// to (a patched return address, as the kernel's fgraph does): runs
+    /// the entry handlers like [`on_entry`](Self::on_entry), but keeps a
+    /// frame only when an exit handler is to run. Returns whether it kept
+    /// one: then call [`on_exit`](Self::on_exit) exactly once when this
+    /// call returns; on `false`, never (nothing was pushed).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fprobe::probe::{EntryAction, Fprobe, Registry};
+    ///
+    /// let registry = Registry::<()>::builder().build().unwrap();
+    /// let entry_only = Fprobe::builder().entry(|_| EntryAction::Continue).build();
+    /// registry.register(entry_only, &[0x1000]).unwrap();
+    /// let with_exit = Fprobe::builder().exit(|_| {}).build();
+    /// registry.register(with_exit, &[0x2000]).unwrap();
+    ///
+    /// assert!(!registry.on_entry_for_exit(0x1000, 0x500, &()));
+    /// assert!(registry.on_entry_for_exit(0x2000, 0x500, &()));
+    /// registry.on_exit(0x500, &());
+    /// ```
+    #[inline]
+    pub fn on_entry_for_exit(&self, addr: u64, ret_addr: u64, ctx: &C) -> bool {
+        self.entry::<false>(&rcu::read_lock(), addr, ret_addr, ctx)
+    }
+
+    /// An entry; `MARK`: push a marker when no exit handler is kept (the
+    /// caller calls `on_exit` for every entry). Returns whether a full
+    /// frame was pushed.
+    #[inline(always)]
+    fn entry<const MARK: bool>(
+        &self,
+        guard: &rcu::ReadGuard,
+        addr: u64,
+        ret_addr: u64,
+        ctx: &C,
+    ) -> bool {
+        let Some(local) = self.local() else {
+            return false;
+        };
         // Relaxed: see `reset_pairing`.
         local.begin(self.epoch.load(Ordering::Relaxed));
         let attached = self.index.get(addr, guard);
+        let mut kept = false;
         if attached.is_empty() {
-            local.push_marker();
+            if MARK {
+                local.push_marker();
+            }
         } else {
             match recursion::enter() {
                 Entered::Run(level) => {
-                    self.entry_frame(local, attached, addr, ret_addr, ctx);
+                    kept = self.entry_frame::<MARK>(local, attached, addr, ret_addr, ctx);
                     drop(level);
                 }
                 Entered::Recursion => {
                     for a in attached {
                         count(local, a, Counter::Recursion);
                     }
-                    local.push_marker();
+                    if MARK {
+                        local.push_marker();
+                    }
                 }
-                Entered::Ignored => local.push_marker(),
+                Entered::Ignored => {
+                    if MARK {
+                        local.push_marker();
+                    }
+                }
             }
         }
         local.end();
+        kept
     }
 
     /// Runs the entry side of every probe in `attached` and pushes the
     /// call's frame (see `shadow.rs` for the layout and why each step is
     /// safe against a signal handler that dispatches in between).
     #[inline(always)]
-    fn entry_frame(
+    fn entry_frame<const MARK: bool>(
         &self,
         local: &ShadowStack,
         attached: &[Attach],
         addr: u64,
         ret_addr: u64,
         ctx: &C,
-    ) {
+    ) -> bool {
         let need = HEADER
             + match attached {
                 [a] => a.frame_words as usize,
@@ -161,13 +214,25 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 local.write(base + used, addr);
                 local.write(base + used + 1, n);
                 local.commit(base, used + HEADER);
+                true
             }
-            Some(base) => {
+            Some(base) if MARK => {
                 // Reserved, nothing kept: the frame shrinks to a marker.
                 local.write(base, 0);
                 local.commit(base, 1);
+                false
             }
-            None => local.push_marker(),
+            Some(base) => {
+                // Reserved, nothing kept, no marker wanted: given back.
+                local.commit(base, 0);
+                false
+            }
+            None => {
+                if MARK {
+                    local.push_marker();
+                }
+                false
+            }
         }
     }
 
