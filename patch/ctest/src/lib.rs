@@ -1,0 +1,48 @@
+//! The C functions of `c/targets.c`, for the patching runtime's tests.
+
+use std::ffi::{c_double, c_int, c_long};
+
+/// `struct pt_pair`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pair {
+    /// `a + 1`.
+    pub lo: c_long,
+    /// `a * 2`.
+    pub hi: c_long,
+}
+
+#[allow(missing_docs)]
+unsafe extern "C" {
+    pub static mut pt_fib_calls: c_long;
+    pub fn pt_add(a: c_int, b: c_int) -> c_int;
+    pub fn pt_fadd(a: c_double, b: c_double) -> c_double;
+    pub fn pt_sum6(a: c_long, b: c_long, c: c_long, d: c_long, e: c_long, f: c_long) -> c_long;
+    pub fn pt_pair(a: c_long) -> Pair;
+    pub fn pt_mix(n: c_int, x: c_double, m: c_long, y: c_double) -> c_double;
+    pub fn pt_va(n: c_int, ...) -> c_double;
+    pub fn pt_fib(n: c_int) -> c_long;
+    pub fn pt_loop(n: c_long) -> c_long;
+    pub fn pt_jumper(n: c_int) -> c_int;
+    pub fn pt_deep(n: c_int, env: *mut u8);
+    pub fn pt_other_layout(a: c_int) -> c_int;
+}
+
+/// The address of a C function of this crate, by name.
+pub fn addr(name: &str) -> u64 {
+    let f: *const () = match name {
+        "pt_add" => pt_add as *const (),
+        "pt_fadd" => pt_fadd as *const (),
+        "pt_sum6" => pt_sum6 as *const (),
+        "pt_pair" => pt_pair as *const (),
+        "pt_mix" => pt_mix as *const (),
+        "pt_va" => pt_va as *const (),
+        "pt_fib" => pt_fib as *const (),
+        "pt_loop" => pt_loop as *const (),
+        "pt_jumper" => pt_jumper as *const (),
+        "pt_deep" => pt_deep as *const (),
+        "pt_other_layout" => pt_other_layout as *const (),
+        other => panic!("no C function {other}"),
+    };
+    f as u64
+}

@@ -1,0 +1,284 @@
+//! The patching runtime on real code: C functions compiled with
+//! `-fpatchable-function-entry=7,5`, attached and detached while called.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use fprobe::probe::{EntryAction, Fprobe};
+use fprobe_patch::{Error, Layout, Regs, attach, detach};
+use fprobe_patch_ctest::*;
+
+/// The runtime is process-wide: tests attach one at a time.
+fn serial() -> MutexGuard<'static, ()> {
+    static M: Mutex<()> = Mutex::new(());
+    M.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The seven bytes from five before `f`.
+fn bytes(f: u64) -> [u8; 7] {
+    // SAFETY: a function of this binary, with its 5 + 2 nops around it.
+    unsafe { ((f - 5) as *const [u8; 7]).read() }
+}
+
+fn counting(n: &Arc<AtomicU64>) -> Fprobe<Regs> {
+    let n = n.clone();
+    Fprobe::<Regs>::builder()
+        .entry(move |_| {
+            n.fetch_add(1, Ordering::Relaxed);
+            EntryAction::Continue
+        })
+        .build()
+}
+
+#[test]
+fn sites_lists_the_c_functions_with_their_layouts() {
+    let sites = fprobe_patch::sites().unwrap();
+    for name in ["pt_add", "pt_fib", "pt_va", "pt_deep"] {
+        let s = sites
+            .iter()
+            .find(|s| s.function == addr(name))
+            .unwrap_or_else(|| panic!("{name} not listed"));
+        assert_eq!(s.name.as_deref(), Some(name));
+        assert_eq!(s.layout, Layout::HotPatch, "{name}");
+        assert_eq!(s.site, s.function - 5);
+    }
+    let other = sites
+        .iter()
+        .find(|s| s.function == addr("pt_other_layout"))
+        .expect("listed");
+    assert_eq!(other.layout, Layout::Other { before: 1, at: 2 });
+}
+
+#[test]
+fn an_entry_probe_sees_every_call_and_its_arguments_until_detached() {
+    let _s = serial();
+    let f = addr("pt_sum6");
+    let original = bytes(f);
+    assert_eq!(original, [0x90; 7]);
+    let calls = Arc::new(AtomicU64::new(0));
+    let wrong = Arc::new(AtomicU64::new(0));
+    let (c, w) = (calls.clone(), wrong.clone());
+    let probe = Fprobe::<Regs>::builder()
+        .entry(move |e| {
+            let a: Vec<u64> = (0..6).map(|i| e.ctx.arg(i)).collect();
+            let i = a[0];
+            if a != [i, i + 1, i + 2, i + 3, i + 4, i + 5] || e.addr != addr("pt_sum6") {
+                w.fetch_add(1, Ordering::Relaxed);
+            }
+            c.fetch_add(1, Ordering::Relaxed);
+            EntryAction::Continue
+        })
+        .build();
+    let sum = |i: i64| unsafe { pt_sum6(i, i + 1, i + 2, i + 3, i + 4, i + 5) };
+    let expect = |i: i64| i + 2 * (i + 1) + 3 * (i + 2) + 4 * (i + 3) + 5 * (i + 4) + 6 * (i + 5);
+    let a = attach(probe, &[f]).unwrap();
+    assert_eq!(
+        &bytes(f)[5..],
+        &[0xeb, 0xf9],
+        "entry jumps back to the prefix"
+    );
+    assert_eq!(bytes(f)[0], 0xe9, "prefix jumps to the stub");
+    for i in 0..1000 {
+        assert_eq!(sum(black_box(i)), expect(i));
+    }
+    assert_eq!(calls.load(Ordering::Relaxed), 1000);
+    assert_eq!(wrong.load(Ordering::Relaxed), 0);
+    assert_eq!(a.stats().hits, 1000);
+    detach(a).unwrap();
+    assert_eq!(&bytes(f)[5..], &[0x90, 0x90], "entry nops restored");
+    for i in 0..100 {
+        assert_eq!(sum(black_box(i)), expect(i));
+    }
+    assert_eq!(calls.load(Ordering::Relaxed), 1000);
+}
+
+#[test]
+fn exit_probes_see_return_values_and_the_entry_data() {
+    let _s = serial();
+    let seen = Arc::new(Mutex::new(Vec::<(u64, u64, u64, f64)>::new()));
+    let bad_data = Arc::new(AtomicU64::new(0));
+    let (s, b) = (seen.clone(), bad_data.clone());
+    let probe = Fprobe::<Regs>::builder()
+        .data_size(8)
+        .entry(|e| {
+            e.data.copy_from_slice(&e.ctx.arg(0).to_ne_bytes());
+            EntryAction::Continue
+        })
+        .exit(move |x| {
+            s.lock()
+                .unwrap()
+                .push((x.addr, x.ctx.ret(), x.ctx.ret2(), x.ctx.float_ret()));
+            if x.data.len() != 8 {
+                b.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+        .build();
+    let fs = [
+        addr("pt_add"),
+        addr("pt_fadd"),
+        addr("pt_pair"),
+        addr("pt_mix"),
+    ];
+    let a = attach(probe, &fs).unwrap();
+    let r_add = unsafe { pt_add(black_box(40), 2) };
+    let r_fadd = unsafe { pt_fadd(black_box(1.5), 2.25) };
+    let r_pair = unsafe { pt_pair(black_box(10)) };
+    let r_mix = unsafe { pt_mix(black_box(2), 0.5, 3, 0.25) };
+    detach(a).unwrap();
+    assert_eq!(r_add, 42);
+    assert_eq!(r_fadd, 3.75);
+    assert_eq!(r_pair, Pair { lo: 11, hi: 20 });
+    assert_eq!(r_mix, 1.75);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 4);
+    assert_eq!((seen[0].0, seen[0].1 as u32), (addr("pt_add"), 42));
+    assert_eq!((seen[1].0, seen[1].3), (addr("pt_fadd"), 3.75));
+    assert_eq!((seen[2].0, seen[2].1, seen[2].2), (addr("pt_pair"), 11, 20));
+    assert_eq!((seen[3].0, seen[3].3), (addr("pt_mix"), 1.75));
+    assert_eq!(bad_data.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn recursive_and_variadic_functions_keep_their_results_and_pairing() {
+    let _s = serial();
+    let probe = Fprobe::<Regs>::builder()
+        .data_size(8)
+        .entry(|e| {
+            e.data.copy_from_slice(&e.ctx.arg(0).to_ne_bytes());
+            EntryAction::Continue
+        })
+        .exit(|x| {
+            // fib(n) for small n, checked against the argument kept.
+            let n = u64::from_ne_bytes(x.data.try_into().unwrap());
+            if x.addr == addr("pt_fib") && n == 10 {
+                assert_eq!(x.ctx.ret(), 55);
+            }
+        })
+        .build();
+    let a = attach(probe, &[addr("pt_fib"), addr("pt_va")]).unwrap();
+    // SAFETY: tests run serially; C reads and writes it on this thread only.
+    let calls_before = unsafe { pt_fib_calls };
+    assert_eq!(unsafe { pt_fib(black_box(20)) }, 6765);
+    let calls = unsafe { pt_fib_calls } - calls_before;
+    assert_eq!(unsafe { pt_va(black_box(3), 1.0f64, 2.5f64, 4.0f64) }, 7.5);
+    let st = a.stats();
+    assert!(calls > 1000, "{calls}");
+    assert_eq!(st.hits, calls as u64 + 1);
+    assert_eq!(st.exits, st.hits);
+    assert_eq!(st.panics, 0);
+    detach(a).unwrap();
+}
+
+#[test]
+fn longjmp_over_hooked_frames_recovers_the_pairing() {
+    let _s = serial();
+    let exits = Arc::new(AtomicU64::new(0));
+    let e2 = exits.clone();
+    let probe = Fprobe::<Regs>::builder()
+        .exit(move |_| {
+            e2.fetch_add(1, Ordering::Relaxed);
+        })
+        .build();
+    let a = attach(probe, &[addr("pt_deep"), addr("pt_jumper")]).unwrap();
+    for _ in 0..100 {
+        // pt_jumper → pt_deep ×11 → longjmp back into pt_jumper, which
+        // returns: its exit runs the 11 skipped exits first, then its own.
+        assert_eq!(unsafe { pt_jumper(black_box(10)) }, 7);
+    }
+    let st = a.stats();
+    assert_eq!(st.hits, 100 * 12);
+    assert_eq!(st.exits, st.hits);
+    assert_eq!(exits.load(Ordering::Relaxed), 1200);
+    detach(a).unwrap();
+}
+
+#[test]
+fn bad_targets_are_refused_and_change_nothing() {
+    let _s = serial();
+    let n = Arc::new(AtomicU64::new(0));
+    let before = bytes(addr("pt_add"));
+    let main_fn = main_like as *const () as u64;
+    assert!(matches!(
+        attach(counting(&n), &[addr("pt_add"), main_fn]),
+        Err(Error::NotASite(f)) if f == main_fn
+    ));
+    assert!(matches!(
+        attach(counting(&n), &[addr("pt_add"), addr("pt_other_layout")]),
+        Err(Error::UnsupportedLayout { .. })
+    ));
+    assert_eq!(bytes(addr("pt_add")), before);
+    assert_eq!(fprobe_patch::registry().addresses(), 0);
+    assert_eq!(unsafe { pt_other_layout(3) }, 15);
+}
+
+#[inline(never)]
+fn main_like() -> u64 {
+    black_box(1)
+}
+
+#[test]
+fn two_probes_share_a_site_and_it_stays_patched_until_both_detach() {
+    let _s = serial();
+    let f = addr("pt_add");
+    let (n1, n2) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let a1 = attach(counting(&n1), &[f]).unwrap();
+    let a2 = attach(counting(&n2), &[f]).unwrap();
+    unsafe { pt_add(1, 2) };
+    detach(a1).unwrap();
+    assert_eq!(&bytes(f)[5..], &[0xeb, 0xf9]);
+    unsafe { pt_add(1, 2) };
+    detach(a2).unwrap();
+    assert_eq!(&bytes(f)[5..], &[0x90, 0x90]);
+    assert_eq!(
+        (n1.load(Ordering::Relaxed), n2.load(Ordering::Relaxed)),
+        (1, 2)
+    );
+}
+
+#[test]
+fn attach_and_detach_while_two_threads_call_flat_out() {
+    let _s = serial();
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut rounds = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    // Σ (i + 1) for i < 1000.
+                    assert_eq!(unsafe { pt_loop(black_box(1000)) }, 500_500);
+                    rounds += 1;
+                }
+                rounds
+            })
+        })
+        .collect();
+    let fs = [addr("pt_loop"), addr("pt_add")];
+    let windows = if cfg!(debug_assertions) { 50 } else { 300 };
+    for _ in 0..windows {
+        let probe = Fprobe::<Regs>::builder()
+            .data_size(8)
+            .entry(|e| {
+                e.data.copy_from_slice(&e.addr.to_ne_bytes());
+                EntryAction::Continue
+            })
+            .exit(|x| assert_eq!(x.data, x.addr.to_ne_bytes()))
+            .build();
+        let a = attach(probe, &fs).unwrap();
+        std::thread::sleep(std::time::Duration::from_micros(200));
+        let st = a.stats();
+        detach(a).unwrap();
+        // Calls in flight when the window closed have no exit: at most
+        // one per worker per function.
+        assert!(st.exits <= st.hits && st.hits - st.exits <= 4 + 4, "{st:?}");
+        assert_eq!(st.panics, 0);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        assert!(w.join().unwrap() > 0);
+    }
+    for f in fs {
+        assert_eq!(&bytes(f)[5..], &[0x90, 0x90]);
+    }
+}

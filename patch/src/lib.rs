@@ -1,0 +1,130 @@
+//! Attach probes at run time to functions compiled with
+//! `-fpatchable-function-entry=7,5` (GCC or Clang, x86-64 Linux): the
+//! userspace ftrace under fprobe's probe layer. A detached function runs
+//! its two entry nops and nothing else; an attached one calls the probe
+//! layer's entry and, when one of its probes has an exit handler, returns
+//! through an exit trampoline.
+//!
+//! # Layout and patching
+//!
+//! The compiler leaves, for each function `f`, five one-byte nops before
+//! `f` and two at `f`, and lists the first in the object's
+//! `__patchable_function_entries` section ([`sites`] reads it for the
+//! executable and every loaded shared object). Attaching `f`:
+//!
+//! 1. **Stub.** Every site of a module gets a 32-byte stub in a page
+//!    mapped within ±2 GiB of the module: `mov r11, f; call [entry
+//!    trampoline]; jmp f+2`. Stubs are written once, before any site can
+//!    reach them, and never change or go away.
+//! 2. **Prefix.** The five bytes before `f` become `jmp stub` (`e9 rel32`).
+//!    No thread executes them: they sit between two functions and are
+//!    reached only through step 3, which is not there yet.
+//! 3. **Serialise.** `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE)`
+//!    makes every thread of the process execute a serialising instruction,
+//!    so none holds stale bytes of the prefix (the cross-modifying-code rule
+//!    of the Intel and AMD manuals). Without that command (kernels before
+//!    4.16) the `mprotect` that restores the page's protections stands in:
+//!    it shoots down the TLB of every CPU running the process, an interrupt,
+//!    which serialises.
+//! 4. **Entry.** The two nops at `f` become `jmp f-5` (`eb f9`) in one
+//!    2-byte store, which x86-64 makes atomic for an access that does not
+//!    cross an 8-byte boundary (checked; such a site is refused). A thread
+//!    fetches either both nops or the jump. One that ran the first nop just
+//!    before the store then runs `f9` alone: `stc`, which sets the carry
+//!    flag, dead at a function's entry, and falls into `f+2` as before.
+//! 5. **Serialise** again: every call entered after `attach` returns goes
+//!    through the probes.
+//!
+//! Detaching stores the two nops back (one 2-byte store) and serialises.
+//! The prefix keeps its jump: it is reached only through the entry jump,
+//! and a thread preempted between the two must still find it, so it is
+//! never rewritten once written (a later attach reuses it). Pages are made
+//! writable only around the stores, one `mprotect` per run of contiguous
+//! pages, and get back the protections of their `PT_LOAD` segment. Every
+//! patch and unpatch runs under one process-wide mutex.
+//!
+//! # Trampolines and the return stack
+//!
+//! The entry trampoline saves the argument registers of the SysV ABI
+//! (`rdi rsi rdx rcx r8 r9`, `rax` for variadic calls, `r10`, `xmm0`–`xmm7`)
+//! into a [`Regs`], which the handlers see as their context, and calls
+//! [`fprobe::probe::Registry::on_entry_for_exit`]. When that keeps a frame
+//! (some probe has an exit handler to run), the caller's return address
+//! is pushed on the thread's **return stack** with the address of its
+//! stack slot, and the slot is overwritten with the exit trampoline. That
+//! trampoline saves the return registers (`rax rdx xmm0 xmm1`), calls the
+//! probe layer's exit, and jumps to the return address it popped.
+//!
+//! The return stack follows the probe layer's rule against signals: an
+//! entry reserves its word (raises `top`) before anything a signal handler
+//! could run, an exit lowers `top` only after its last read; a signal
+//! handler's own calls push and pop above. Its depth is
+//! [`RETURN_DEPTH`]; a call that finds it full runs no probe and is
+//! counted in [`missed`].
+//!
+//! # Hazards
+//!
+//! * **Recursion.** A handler that calls a patched function enters the
+//!   trampoline again; the probe layer's per-context guard refuses it
+//!   (counted in [`fprobe::probe::Missed::recursion`]) and the call runs
+//!   unprobed.
+//! * **Signals.** A signal handler running patched code is a new context:
+//!   its probes run, and it nests on the return stack as above. A thread's
+//!   first probed call allocates its state; [`prepare_thread`] does it
+//!   ahead for threads whose first probed call may come from a signal
+//!   handler.
+//! * **`longjmp`.** Each return-stack entry records where the return
+//!   address was. An exit that finds entries recorded deeper than its own
+//!   (calls a `longjmp` skipped) first runs their exits, oldest last, with
+//!   its own return registers, then its own: the pairing recovers.
+//! * **C++ exceptions, `pthread_exit`, `pthread_cancel`** unwind by reading
+//!   return addresses; one replaced by the exit trampoline has no unwind
+//!   information and the unwinder terminates the process. Attach only
+//!   entry probes (no exit handler) to functions an exception or forced
+//!   unwind may cross: those never have their return address replaced.
+//! * **Vector arguments wider than 128 bits** (`__m256`, `__m512` by value)
+//!   are not preserved above their low 128 bits if a handler touches the
+//!   upper halves (the trampoline saves `xmm`, not `ymm`/`zmm`).
+//! * **`fork`** after attach: the child inherits the patched code and the
+//!   registry; its thread's return stack is the parent's copy, whose
+//!   frames are the child's own. Threads created after attach are probed
+//!   from their first call.
+//! * **`dlclose`** of a library with attached sites: detach first. Its
+//!   stubs stay mapped (unreachable); [`sites`] reads the objects loaded
+//!   at the time of the call.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use fprobe::probe::{EntryAction, Fprobe};
+//!
+//! // Every patchable function of the process.
+//! let functions: Vec<u64> = fprobe_patch::sites()?.iter().map(|s| s.function).collect();
+//! let probe = Fprobe::<fprobe_patch::Regs>::builder()
+//!     .entry(|e| {
+//!         eprintln!("{:#x}({})", e.addr, e.ctx.arg(0));
+//!         EntryAction::Continue
+//!     })
+//!     .build();
+//! let attached = fprobe_patch::attach(probe, &functions)?;
+//! // ... the program runs, probed ...
+//! fprobe_patch::detach(attached)?;
+//! # Ok::<(), fprobe_patch::Error>(())
+//! ```
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+compile_error!("fprobe-patch patches x86-64 code on Linux only");
+
+mod error;
+mod regs;
+mod runtime;
+mod sites;
+mod stubs;
+mod text;
+mod tramp;
+
+pub use error::Error;
+pub use regs::Regs;
+pub use runtime::{Attached, attach, detach, missed, registry};
+pub use sites::{Layout, Site, sites};
+pub use tramp::{RETURN_DEPTH, prepare_thread};

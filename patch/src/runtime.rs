@@ -1,0 +1,315 @@
+//! The process-wide runtime: its registry, the sites it knows, and
+//! attach/detach.
+//!
+//! One registry serves every site (the kernel's fprobe shares ftrace the
+//! same way): the trampolines need no table from site to registry, and a
+//! probe layer frame never outlives its registry, which lives as long as
+//! the process. Each known function records how many attached probes
+//! use it; its entry is patched while that count is above zero.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, OnceLock};
+
+use fprobe::probe::{Fprobe, ProbeHandle, ProbeStats, Registry};
+
+use crate::sites::{self, Layout, Module};
+use crate::text::{self, ENTRY_JMP, ENTRY_NOPS, PREFIX_NOPS};
+use crate::{Error, Regs, tramp};
+
+/// The runtime's registry: every probe [`attach`] registers lives here.
+/// Use it for [`Registry::stats`], [`Registry::enable`] and
+/// [`Registry::disable`] on an [`Attached::handle`]; registering in it
+/// directly attaches nothing (no site is patched for such a probe).
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(fprobe_patch::registry().addresses(), 0);
+/// ```
+pub fn registry() -> &'static Registry<Regs> {
+    static REGISTRY: OnceLock<Registry<Regs>> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        Registry::builder()
+            .max_probes(4096)
+            .max_depth(256)
+            .build()
+            .expect("a valid configuration")
+    })
+}
+
+/// Calls that ran no probe because their thread's return stack was full
+/// ([`RETURN_DEPTH`](crate::RETURN_DEPTH) calls deep) or already destroyed.
+pub fn missed() -> u64 {
+    // Relaxed: a statistic.
+    tramp::MISSED.load(Ordering::Relaxed)
+}
+
+/// A probe attached by [`attach`]; give it to [`detach`].
+#[derive(Debug)]
+#[must_use = "a probe stays attached until it is detached"]
+pub struct Attached {
+    handle: ProbeHandle,
+    functions: Vec<u64>,
+}
+
+impl Attached {
+    /// The probe's handle in [`registry`].
+    pub fn handle(&self) -> ProbeHandle {
+        self.handle
+    }
+
+    /// The functions it is attached to.
+    pub fn functions(&self) -> &[u64] {
+        &self.functions
+    }
+
+    /// The probe's counts ([`Registry::stats`]).
+    pub fn stats(&self) -> ProbeStats {
+        registry()
+            .stats(self.handle)
+            .expect("attached probes stay registered until detached")
+    }
+}
+
+struct Known {
+    module: usize,
+    site: u64,
+    layout: Layout,
+    /// Its stub, once its module's stubs are made.
+    stub: Option<u64>,
+    /// Attached probes using it.
+    users: u32,
+}
+
+#[derive(Default)]
+struct State {
+    modules: Vec<Module>,
+    functions: HashMap<u64, Known>,
+}
+
+impl State {
+    /// Reads the loaded objects again, keeping what is known of objects
+    /// still loaded at the same place (their stubs, their users).
+    fn rescan(&mut self) -> Result<(), Error> {
+        for m in sites::modules()? {
+            let known = self
+                .modules
+                .iter()
+                .any(|k| k.path == m.path && k.code == m.code);
+            if known {
+                continue;
+            }
+            let i = self.modules.len();
+            for s in sites::module_sites(&m)? {
+                self.functions.entry(s.function).or_insert(Known {
+                    module: i,
+                    site: s.site,
+                    layout: s.layout,
+                    stub: None,
+                    users: 0,
+                });
+            }
+            self.modules.push(m);
+        }
+        Ok(())
+    }
+
+    /// Makes the stubs of every function of module `m` that has none.
+    fn stubs_for(&mut self, m: usize) -> Result<(), Error> {
+        let mut fs: Vec<u64> = self
+            .functions
+            .iter()
+            .filter(|(_, k)| k.module == m && k.stub.is_none())
+            .map(|(&f, _)| f)
+            .collect();
+        if fs.is_empty() {
+            return Ok(());
+        }
+        fs.sort_unstable();
+        let module = &self.modules[m];
+        let stubs = crate::stubs::make(
+            &module.path,
+            module.code,
+            &fs,
+            tramp::entry_trampoline_addr(),
+        )?;
+        for (f, s) in fs.into_iter().zip(stubs) {
+            self.functions.get_mut(&f).expect("listed above").stub = Some(s);
+        }
+        Ok(())
+    }
+}
+
+fn state() -> &'static Mutex<State> {
+    static STATE: OnceLock<Mutex<State>> = OnceLock::new();
+    STATE.get_or_init(Default::default)
+}
+
+/// Attaches `probe` to `functions` (addresses of patchable functions, as
+/// [`sites`](crate::sites) lists them): registers it in [`registry`] and
+/// patches the entry of each function not already patched. All or
+/// nothing: on an error no probe is registered and no site changed.
+///
+/// # Errors
+///
+/// [`Error::NotASite`], [`Error::UnsupportedLayout`],
+/// [`Error::UnexpectedBytes`], [`Error::Straddles`] for a function that
+/// cannot be patched; [`Error::Registry`] when the registry refuses the
+/// probe; [`Error::OutOfReach`], [`Error::Os`] when the patching itself
+/// fails (then everything done is undone).
+///
+/// # Examples
+///
+/// See the [crate docs](crate).
+pub fn attach(probe: Fprobe<Regs>, functions: &[u64]) -> Result<Attached, Error> {
+    let mut functions = functions.to_vec();
+    functions.sort_unstable();
+    functions.dedup();
+    let mut st = state().lock().unwrap_or_else(|p| p.into_inner());
+    if functions.iter().any(|f| !st.functions.contains_key(f)) {
+        st.rescan()?;
+    }
+    // Check every function before changing anything.
+    let mut modules = Vec::new();
+    for &f in &functions {
+        let k = st.functions.get(&f).ok_or(Error::NotASite(f))?;
+        if k.layout != Layout::HotPatch {
+            return Err(Error::UnsupportedLayout {
+                function: f,
+                layout: k.layout,
+            });
+        }
+        if f % 8 == 7 {
+            return Err(Error::Straddles(f));
+        }
+        // SAFETY: a site of a loaded object: its seven bytes are mapped.
+        let found = unsafe { text::read7(k.site) };
+        let prefix_ok = found[..5] == PREFIX_NOPS
+            || (found[0] == 0xe9
+                && k.stub
+                    .is_some_and(|s| text::jmp_rel32(k.site, s).is_some_and(|j| found[..5] == j)));
+        let entry_ok = if k.users == 0 {
+            found[5..] == ENTRY_NOPS
+        } else {
+            found[5..] == ENTRY_JMP
+        };
+        if !prefix_ok || !entry_ok {
+            return Err(Error::UnexpectedBytes { function: f, found });
+        }
+        if !modules.contains(&k.module) {
+            modules.push(k.module);
+        }
+    }
+    for m in modules {
+        st.stubs_for(m)?;
+    }
+    let handle = registry().register(probe, &functions)?;
+    let fresh: Vec<u64> = functions
+        .iter()
+        .copied()
+        .filter(|f| st.functions[f].users == 0)
+        .collect();
+    if let Err(e) = patch(&st, &fresh, true) {
+        registry()
+            .unregister(handle)
+            .expect("registered just above");
+        return Err(e);
+    }
+    for f in &functions {
+        st.functions.get_mut(f).expect("checked").users += 1;
+    }
+    Ok(Attached { handle, functions })
+}
+
+/// Detaches a probe: unregisters it (when this returns none of its
+/// handlers runs or will run; one grace period) and restores the entry
+/// nops of every function no other attached probe uses. A thread inside
+/// one of those functions finishes its call unprobed and returns to its
+/// caller through the exit trampoline, which still knows where.
+///
+/// # Errors
+///
+/// [`Error::Os`] when a page's protections cannot be changed; the probe is
+/// unregistered anyway and the entries stay patched (calling nothing).
+pub fn detach(a: Attached) -> Result<(), Error> {
+    registry()
+        .unregister(a.handle)
+        .expect("attached probes stay registered until detached");
+    let mut st = state().lock().unwrap_or_else(|p| p.into_inner());
+    let mut idle = Vec::new();
+    for f in &a.functions {
+        let k = st
+            .functions
+            .get_mut(f)
+            .expect("attached functions are known");
+        k.users -= 1;
+        if k.users == 0 {
+            idle.push(*f);
+        }
+    }
+    let r = patch(&st, &idle, false);
+    if r.is_err() {
+        for f in &idle {
+            st.functions.get_mut(f).expect("known").users += 1;
+        }
+    }
+    r
+}
+
+/// Patches (`on`) or restores the entries of `functions`, in the steps
+/// of the crate docs, "Layout and patching".
+fn patch(st: &State, functions: &[u64], on: bool) -> Result<(), Error> {
+    if functions.is_empty() {
+        return Ok(());
+    }
+    let span = |f: u64, at: u64, len: u64| {
+        let k = &st.functions[&f];
+        let prot = st.modules[k.module]
+            .prot_at(at)
+            .unwrap_or(libc::PROT_READ | libc::PROT_EXEC);
+        (at, len, prot)
+    };
+    if on {
+        let prefixes: Vec<(u64, [u8; 5])> = functions
+            .iter()
+            .map(|&f| {
+                let k = &st.functions[&f];
+                let stub = k.stub.expect("stubs made before patching");
+                let jmp = text::jmp_rel32(k.site, stub).ok_or_else(|| Error::OutOfReach {
+                    module: st.modules[k.module].path.to_string(),
+                })?;
+                Ok((k.site, jmp))
+            })
+            .collect::<Result<_, Error>>()?;
+        let spans: Vec<_> = functions
+            .iter()
+            .zip(&prefixes)
+            .map(|(&f, &(site, _))| span(f, site, 5))
+            .collect();
+        text::with_writable(&spans, || {
+            for &(site, jmp) in &prefixes {
+                // SAFETY: writable now; the prefix holds nops or this same
+                // jump (checked by `attach`), and is not executed until the
+                // entry jump below exists.
+                unsafe {
+                    if text::read7(site)[..5] != jmp {
+                        text::store(site, &jmp);
+                    }
+                }
+            }
+        })?;
+        text::sync_core();
+    }
+    let bytes = if on { ENTRY_JMP } else { ENTRY_NOPS };
+    let spans: Vec<_> = functions.iter().map(|&f| span(f, f, 2)).collect();
+    text::with_writable(&spans, || {
+        for &f in functions {
+            // SAFETY: writable now, within one 8-byte block (checked by
+            // `attach`); the other threads fetch the old pair or this one.
+            unsafe { text::store2(f, bytes) };
+        }
+    })?;
+    text::sync_core();
+    Ok(())
+}

@@ -1,0 +1,261 @@
+//! Finding patchable functions: each loaded object's
+//! `__patchable_function_entries` section, read in memory (its entries are
+//! relocated at load), and its symbol tables for names and layouts.
+
+use std::collections::BTreeMap;
+use std::ffi::CStr;
+use std::sync::Arc;
+
+use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+
+use crate::Error;
+
+/// How a function's patchable nops are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Five nops before the function and two at it
+    /// (`-fpatchable-function-entry=7,5`): what the runtime patches.
+    HotPatch,
+    /// Another split of one-byte nops, `before` the function and `at` it.
+    Other {
+        /// Nops before the function's address.
+        before: u8,
+        /// Nops at the function's address.
+        at: u8,
+    },
+    /// No function symbol was found near the site (a stripped object).
+    Unknown,
+}
+
+/// A patchable function of a loaded object.
+#[derive(Clone, Debug)]
+pub struct Site {
+    /// The function's address (its symbol), where a probe is attached.
+    pub function: u64,
+    /// The address of the first nop (the section's entry).
+    pub site: u64,
+    /// The function's symbol, when the object has one.
+    pub name: Option<Arc<str>>,
+    /// The object's path (`/proc/self/exe` for the executable).
+    pub module: Arc<str>,
+    /// The nops' layout.
+    pub layout: Layout,
+}
+
+/// A loaded object: where it is and what protections its code has.
+#[derive(Clone, Debug)]
+pub(crate) struct Module {
+    pub(crate) path: Arc<str>,
+    /// Lowest and highest address of its executable segments.
+    pub(crate) code: (u64, u64),
+    /// Its `PT_LOAD` segments: start, end, `PROT_*` flags.
+    pub(crate) segments: Vec<(u64, u64, i32)>,
+    /// Where its `__patchable_function_entries` section is in memory, if
+    /// it has one.
+    entries: Option<(u64, u64)>,
+}
+
+impl Module {
+    /// The protections of the segment holding `addr`.
+    pub(crate) fn prot_at(&self, addr: u64) -> Option<i32> {
+        self.segments
+            .iter()
+            .find(|&&(s, e, _)| (s..e).contains(&addr))
+            .map(|&(_, _, p)| p)
+    }
+}
+
+/// Every patchable function of every object loaded now, in address order.
+///
+/// # Errors
+///
+/// [`Error::Object`] when an object with patchable functions cannot be
+/// read from its file (its symbols are needed to place the sites).
+///
+/// # Examples
+///
+/// ```
+/// for s in fprobe_patch::sites()? {
+///     println!("{:#x} {:?} in {}", s.function, s.name, s.module);
+/// }
+/// # Ok::<(), fprobe_patch::Error>(())
+/// ```
+pub fn sites() -> Result<Vec<Site>, Error> {
+    let mut out = Vec::new();
+    for m in modules()? {
+        out.extend(module_sites(&m)?);
+    }
+    out.sort_by_key(|s| s.function);
+    Ok(out)
+}
+
+/// What `dl_iterate_phdr` says of one object: its name, load bias and
+/// `PT_LOAD` segments (file addresses, `PROT_*` flags).
+type Loaded = (String, u64, Vec<(u64, u64, i32)>);
+
+/// The loaded objects with their segments (from `dl_iterate_phdr`) and
+/// the place of their entry sections (from their files).
+pub(crate) fn modules() -> Result<Vec<Module>, Error> {
+    let mut raw: Vec<Loaded> = Vec::new();
+    // SAFETY: the callback only reads the `dl_phdr_info` it is given
+    // (valid during the call, by dl_iterate_phdr's contract) and pushes
+    // into the Vec passed as `data`, which outlives the call.
+    unsafe {
+        libc::dl_iterate_phdr(Some(collect), (&raw mut raw).cast());
+    }
+    let mut out = Vec::new();
+    for (name, bias, phdrs) in raw {
+        let path = if name.is_empty() {
+            "/proc/self/exe".to_string()
+        } else {
+            name
+        };
+        let segments: Vec<(u64, u64, i32)> = phdrs
+            .iter()
+            .map(|&(s, e, p)| (s + bias, e + bias, p))
+            .collect();
+        let code = segments
+            .iter()
+            .filter(|&&(_, _, p)| p & libc::PROT_EXEC != 0)
+            .fold((u64::MAX, 0), |(lo, hi), &(s, e, _)| (lo.min(s), hi.max(e)));
+        if code.0 >= code.1 {
+            continue;
+        }
+        // The vDSO and objects whose file is gone have nothing to read.
+        let Ok(data) = std::fs::read(&path) else {
+            continue;
+        };
+        let Ok(file) = object::File::parse(&*data) else {
+            continue;
+        };
+        let entries = file
+            .section_by_name("__patchable_function_entries")
+            .map(|s| (s.address() + bias, s.size()));
+        out.push(Module {
+            path: path.into(),
+            code,
+            segments,
+            entries,
+        });
+    }
+    Ok(out)
+}
+
+/// `dl_iterate_phdr` callback: records one object's name, load bias and
+/// `PT_LOAD` segments.
+unsafe extern "C" fn collect(
+    info: *mut libc::dl_phdr_info,
+    _size: libc::size_t,
+    data: *mut libc::c_void,
+) -> libc::c_int {
+    // SAFETY: `data` is the `&mut Vec` `modules` passed; `info` is valid
+    // for the call (dl_iterate_phdr's contract).
+    let (raw, info) = unsafe {
+        (
+            &mut *data.cast::<Vec<Loaded>>(),
+            &*info,
+        )
+    };
+    let name = if info.dlpi_name.is_null() {
+        String::new()
+    } else {
+        // SAFETY: a NUL-terminated string owned by the loader.
+        unsafe { CStr::from_ptr(info.dlpi_name) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let mut phdrs = Vec::new();
+    for i in 0..usize::from(info.dlpi_phnum) {
+        // SAFETY: `dlpi_phdr` points at `dlpi_phnum` program headers.
+        let ph = unsafe { &*info.dlpi_phdr.add(i) };
+        if ph.p_type != libc::PT_LOAD {
+            continue;
+        }
+        let mut prot = 0;
+        if ph.p_flags & libc::PF_R != 0 {
+            prot |= libc::PROT_READ;
+        }
+        if ph.p_flags & libc::PF_W != 0 {
+            prot |= libc::PROT_WRITE;
+        }
+        if ph.p_flags & libc::PF_X != 0 {
+            prot |= libc::PROT_EXEC;
+        }
+        phdrs.push((ph.p_vaddr, ph.p_vaddr + ph.p_memsz, prot));
+    }
+    raw.push((name, info.dlpi_addr, phdrs));
+    0
+}
+
+/// The sites of one module.
+pub(crate) fn module_sites(m: &Module) -> Result<Vec<Site>, Error> {
+    let Some((at, size)) = m.entries else {
+        return Ok(Vec::new());
+    };
+    let object_err = |why: String| Error::Object {
+        path: m.path.to_string(),
+        why,
+    };
+    let data = std::fs::read(&*m.path).map_err(|e| object_err(e.to_string()))?;
+    let file = object::File::parse(&*data).map_err(|e| object_err(e.to_string()))?;
+    // The load bias: the section's file address against its address here.
+    let section = file
+        .section_by_name("__patchable_function_entries")
+        .ok_or_else(|| object_err("entry section vanished".into()))?;
+    let bias = at - section.address();
+    // Per address the best name: a global symbol over a local one, a
+    // plain name over a compiler's alias (`f.localalias`, `f.cold`).
+    let mut funcs: BTreeMap<u64, (u8, Arc<str>)> = BTreeMap::new();
+    for sym in file.symbols().chain(file.dynamic_symbols()) {
+        if sym.kind() != SymbolKind::Text || sym.address() == 0 {
+            continue;
+        }
+        let Ok(name) = sym.name() else { continue };
+        let rank = u8::from(!sym.is_global()) + 2 * u8::from(name.contains('.'));
+        let e = funcs
+            .entry(sym.address() + bias)
+            .or_insert_with(|| (rank, name.into()));
+        if rank < e.0 {
+            *e = (rank, name.into());
+        }
+    }
+    let mut out = Vec::new();
+    let n = (size / 8) as usize;
+    for i in 0..n {
+        // SAFETY: the section is mapped (it is SHF_ALLOC, inside a PT_LOAD
+        // segment of a loaded object) and holds `size / 8` words.
+        let site = unsafe { ((at as *const u64).add(i)).read_unaligned() };
+        if site < m.code.0 || site + 7 > m.code.1 {
+            continue; // not relocated into this object's code: skip it
+        }
+        // The function: the first symbol at or after the site, within the
+        // nops a site can have before it.
+        let (function, name, layout) = match funcs.range(site..=site + 64).next() {
+            Some((&f, (_, name))) => {
+                let before = (f - site) as u8;
+                // SAFETY: inside the object's code segment (checked above;
+                // the nops at the function follow the site).
+                let at = (0..8)
+                    .take_while(|&k| unsafe { *((f + k) as *const u8) } == 0x90)
+                    .count() as u8;
+                // SAFETY: as above.
+                let ours = unsafe { *(f as *const [u8; 2]) } == crate::text::ENTRY_JMP;
+                let layout = if before == 5 && (at >= 2 || ours) {
+                    Layout::HotPatch
+                } else {
+                    Layout::Other { before, at }
+                };
+                (f, Some(name.clone()), layout)
+            }
+            None => (site, None, Layout::Unknown),
+        };
+        out.push(Site {
+            function,
+            site,
+            name,
+            module: m.path.clone(),
+            layout,
+        });
+    }
+    Ok(out)
+}

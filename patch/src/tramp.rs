@@ -1,0 +1,281 @@
+//! The entry and exit trampolines and the per-thread return stack.
+//!
+//! # Return stack invariants
+//!
+//! One array per thread of `(return address, address of its stack slot)`;
+//! `top` counts the entries in use. Only the owning thread touches it, and
+//! a signal handler running on that thread may enter and leave patched
+//! functions between any two of its instructions, so:
+//!
+//! * **an entry raises `top` before calling the probe layer** (reserving
+//!   its entry, behind a compiler fence), fills the entry only if it
+//!   replaces the return address, and otherwise lowers `top` back;
+//! * **an exit lowers `top` only after its last read of the entry and
+//!   after the probe layer's exit ran**, behind a compiler fence.
+//!
+//! A nested handler's calls therefore push and pop strictly above the
+//! entries in use and leave `top` as they found it. An entry is written
+//! before the return address is replaced, so an exit always finds what it
+//! needs.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering, compiler_fence};
+
+use crate::Regs;
+use crate::runtime;
+
+/// Calls a thread can have with their return address replaced at once;
+/// deeper calls run no probe and are counted in [`missed`](crate::missed).
+pub const RETURN_DEPTH: usize = 4096;
+
+#[derive(Clone, Copy)]
+struct Ret {
+    /// The caller's return address.
+    ret: u64,
+    /// Where it was on the stack (the address the exit trampoline's `ret`
+    /// popped it from).
+    slot: u64,
+}
+
+struct ReturnStack {
+    top: Cell<usize>,
+    /// `RETURN_DEPTH` entries, allocated on the thread's first probed call.
+    buf: Cell<*mut Ret>,
+}
+
+impl Drop for ReturnStack {
+    fn drop(&mut self) {
+        let buf = self.buf.get();
+        // A thread leaving with entries in use (its thread-local
+        // destructors ran inside a probed call) keeps them: a late exit
+        // still needs its return address.
+        if !buf.is_null() && self.top.get() == 0 {
+            // SAFETY: from `Box::into_raw` of a boxed slice of
+            // RETURN_DEPTH entries, freed once.
+            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(buf, RETURN_DEPTH)) });
+        }
+    }
+}
+
+std::thread_local! {
+    static STACK: ReturnStack = const {
+        ReturnStack { top: Cell::new(0), buf: Cell::new(std::ptr::null_mut()) }
+    };
+}
+
+/// Calls skipped because their thread's return stack was full or gone.
+pub(crate) static MISSED: AtomicU64 = AtomicU64::new(0);
+
+impl ReturnStack {
+    fn buf(&self) -> *mut Ret {
+        let b = self.buf.get();
+        if !b.is_null() {
+            return b;
+        }
+        let fresh: Box<[Ret]> = vec![Ret { ret: 0, slot: 0 }; RETURN_DEPTH].into_boxed_slice();
+        let b = Box::into_raw(fresh).cast::<Ret>();
+        self.buf.set(b);
+        b
+    }
+}
+
+/// Creates the calling thread's return stack and probe-layer state now,
+/// so that no probed call on it allocates (a thread whose first probed
+/// call may come from a signal handler should call this first).
+///
+/// # Examples
+///
+/// ```
+/// fprobe_patch::prepare_thread();
+/// ```
+pub fn prepare_thread() {
+    STACK.with(|s| {
+        s.buf();
+    });
+    runtime::registry().prepare_thread();
+}
+
+/// Called by the entry trampoline with the function, the address of its
+/// return address on the stack and the saved argument registers.
+extern "C" fn on_entry(function: u64, ret_slot: *mut u64, regs: *const Regs) {
+    let r = runtime::registry();
+    let done = STACK.try_with(|s| {
+        let t = s.top.get();
+        if t == RETURN_DEPTH {
+            return false;
+        }
+        let buf = s.buf();
+        s.top.set(t + 1);
+        // The reservation is in memory before anything a signal handler
+        // could run on this thread (program order is all a handler on the
+        // same thread needs).
+        compiler_fence(Ordering::SeqCst);
+        // SAFETY: the trampoline passes the slot of the function's return
+        // address, in the caller's live frame.
+        let ret = unsafe { *ret_slot };
+        // SAFETY: the trampoline's save area, live for this call.
+        let regs = unsafe { &*regs };
+        if r.on_entry_for_exit(function, ret, regs) {
+            // SAFETY: `t < RETURN_DEPTH`, reserved above.
+            unsafe {
+                buf.add(t).write(Ret {
+                    ret,
+                    slot: ret_slot as u64,
+                })
+            };
+            compiler_fence(Ordering::SeqCst);
+            // SAFETY: as above; from here the function returns into the
+            // exit trampoline, which finds entry `t`.
+            unsafe { *ret_slot = exit_trampoline_addr() };
+        } else {
+            compiler_fence(Ordering::SeqCst);
+            s.top.set(t);
+        }
+        true
+    });
+    if done != Ok(true) {
+        // Relaxed: a statistic.
+        MISSED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Called by the exit trampoline with the saved return registers and the
+/// stack pointer after the function's `ret`; returns where to go on.
+extern "C" fn on_exit(regs: *const Regs, sp: u64) -> u64 {
+    let slot = sp - 8;
+    // SAFETY: the trampoline's save area, live for this call.
+    let regs = unsafe { &*regs };
+    let r = runtime::registry();
+    let ret = STACK.try_with(|s| {
+        let buf = s.buf.get();
+        loop {
+            let t = s.top.get();
+            if t == 0 || buf.is_null() {
+                return None;
+            }
+            // SAFETY: `t - 1 < top ≤ RETURN_DEPTH`, an entry in use.
+            let e = unsafe { buf.add(t - 1).read() };
+            if e.slot > slot {
+                return None; // an entry of a frame above ours: corrupt
+            }
+            r.on_exit(e.ret, regs);
+            compiler_fence(Ordering::SeqCst);
+            s.top.set(t - 1);
+            if e.slot == slot {
+                return Some(e.ret);
+            }
+            // Deeper than ours: a call that `longjmp` skipped. Its exit ran
+            // just now; go on to ours.
+        }
+    });
+    match ret {
+        Ok(Some(ret)) => ret,
+        _ => fatal(b"fprobe-patch: a return through the exit trampoline has no return address\n"),
+    }
+}
+
+/// Writes `msg` to stderr and aborts: the return address is lost, there is
+/// nowhere to return to.
+fn fatal(msg: &[u8]) -> ! {
+    // SAFETY: write(2) from a valid buffer; async-signal-safe.
+    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+    std::process::abort()
+}
+
+/// The entry trampoline's address (the stubs call it).
+pub(crate) fn entry_trampoline_addr() -> u64 {
+    fprobe_patch_entry as *const () as u64
+}
+
+fn exit_trampoline_addr() -> u64 {
+    fprobe_patch_exit as *const () as u64
+}
+
+unsafe extern "C" {
+    fn fprobe_patch_entry();
+    fn fprobe_patch_exit();
+}
+
+// The entry trampoline. Entered from a stub's `call` with r11 = the
+// function: [rsp] is the stub's return address, [rsp + 8] the function's,
+// and rsp ≡ 0 (mod 16) (the function's entry has rsp ≡ 8; the call pushed
+// 8). 192 bytes of `Regs` keep rsp aligned for the call into Rust.
+// Offsets: `Regs::gp` at 0 (rdi rsi rdx rcx r8 r9 rax r10), `Regs::xmm` at
+// 64. rbx, rbp, r12–r15 are kept by the callee; r11 and the flags are
+// dead at a function's entry.
+//
+// The exit trampoline. Entered by the function's `ret` with rsp ≡ 0
+// (mod 16); saves rax, rdx, xmm0, xmm1 (the return registers) into a
+// `Regs`, passes it and the stack pointer at the `ret` to `on_exit`, and
+// jumps to the address that returns, through r11 (dead after a return).
+std::arch::global_asm!(
+    ".pushsection .text.fprobe_patch,\"ax\",@progbits",
+    ".globl fprobe_patch_entry",
+    ".type fprobe_patch_entry,@function",
+    ".p2align 4",
+    "fprobe_patch_entry:",
+    "sub rsp, 192",
+    "mov [rsp + 0], rdi",
+    "mov [rsp + 8], rsi",
+    "mov [rsp + 16], rdx",
+    "mov [rsp + 24], rcx",
+    "mov [rsp + 32], r8",
+    "mov [rsp + 40], r9",
+    "mov [rsp + 48], rax",
+    "mov [rsp + 56], r10",
+    "movaps [rsp + 64], xmm0",
+    "movaps [rsp + 80], xmm1",
+    "movaps [rsp + 96], xmm2",
+    "movaps [rsp + 112], xmm3",
+    "movaps [rsp + 128], xmm4",
+    "movaps [rsp + 144], xmm5",
+    "movaps [rsp + 160], xmm6",
+    "movaps [rsp + 176], xmm7",
+    "mov rdi, r11",
+    "lea rsi, [rsp + 200]",
+    "mov rdx, rsp",
+    "call {on_entry}",
+    "mov rdi, [rsp + 0]",
+    "mov rsi, [rsp + 8]",
+    "mov rdx, [rsp + 16]",
+    "mov rcx, [rsp + 24]",
+    "mov r8, [rsp + 32]",
+    "mov r9, [rsp + 40]",
+    "mov rax, [rsp + 48]",
+    "mov r10, [rsp + 56]",
+    "movaps xmm0, [rsp + 64]",
+    "movaps xmm1, [rsp + 80]",
+    "movaps xmm2, [rsp + 96]",
+    "movaps xmm3, [rsp + 112]",
+    "movaps xmm4, [rsp + 128]",
+    "movaps xmm5, [rsp + 144]",
+    "movaps xmm6, [rsp + 160]",
+    "movaps xmm7, [rsp + 176]",
+    "add rsp, 192",
+    "ret",
+    ".size fprobe_patch_entry, . - fprobe_patch_entry",
+    "",
+    ".globl fprobe_patch_exit",
+    ".type fprobe_patch_exit,@function",
+    ".p2align 4",
+    "fprobe_patch_exit:",
+    "sub rsp, 192",
+    "mov [rsp + 48], rax",
+    "mov [rsp + 16], rdx",
+    "movaps [rsp + 64], xmm0",
+    "movaps [rsp + 80], xmm1",
+    "mov rdi, rsp",
+    "lea rsi, [rsp + 192]",
+    "call {on_exit}",
+    "mov r11, rax",
+    "mov rax, [rsp + 48]",
+    "mov rdx, [rsp + 16]",
+    "movaps xmm0, [rsp + 64]",
+    "movaps xmm1, [rsp + 80]",
+    "add rsp, 192",
+    "jmp r11",
+    ".size fprobe_patch_exit, . - fprobe_patch_exit",
+    ".popsection",
+    on_entry = sym on_entry,
+    on_exit = sym on_exit,
+);
