@@ -1,4 +1,4 @@
-//! Builds three shared objects from the SQLite amalgamation that
+//! Builds four shared objects from the SQLite amalgamation that
 //! `libsqlite3-sys` bundles, with the same flags:
 //!
 //! * `libsqlite_plain.so`: not instrumented (the baseline);
@@ -9,13 +9,24 @@
 //!   `--wrap` so that its hooks resolve to `__wrap___cyg_profile_func_*`,
 //!   the locked-HashMap dispatcher the profiler compares against.
 //!
+//! * `libsqlite_patch.so`: `-fpatchable-function-entry=7,5`, the nops the
+//!   patching runtime (`fprobe-patch`) turns into calls at run time.
+//!
 //! Each is linked with `-Bsymbolic`, so the three copies loaded with
 //! `RTLD_LOCAL` into one process never bind to each other's symbols.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn objects(src: &Path, include: &Path, instrument: bool) -> Vec<PathBuf> {
+/// How a copy is compiled.
+#[derive(Clone, Copy)]
+enum Build {
+    Plain,
+    Instrumented,
+    Patchable,
+}
+
+fn objects(src: &Path, include: &Path, build: Build) -> Vec<PathBuf> {
     let mut b = cc::Build::new();
     b.file(src)
         .include(include)
@@ -29,16 +40,18 @@ fn objects(src: &Path, include: &Path, instrument: bool) -> Vec<PathBuf> {
         .define("HAVE_USLEEP", "1")
         .define("HAVE_ISNAN", None)
         .define("_POSIX_THREAD_SAFE_FUNCTIONS", None);
-    if instrument {
-        b.flag("-finstrument-functions");
-    }
-    b.out_dir(
-        PathBuf::from(std::env::var("OUT_DIR").unwrap()).join(if instrument {
+    let dir = match build {
+        Build::Plain => "plain",
+        Build::Instrumented => {
+            b.flag("-finstrument-functions");
             "instr"
-        } else {
-            "plain"
-        }),
-    );
+        }
+        Build::Patchable => {
+            b.flag("-fpatchable-function-entry=7,5");
+            "patch"
+        }
+    };
+    b.out_dir(PathBuf::from(std::env::var("OUT_DIR").unwrap()).join(dir));
     b.compile_intermediates()
 }
 
@@ -66,18 +79,25 @@ fn main() {
     assert!(src.exists(), "no amalgamation at {}", src.display());
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
 
-    // The two compilations are independent: run them side by side.
-    let (s, i) = (src.clone(), include.clone());
-    let plain = std::thread::spawn(move || objects(&s, &i, false));
-    let instr = objects(&src, &include, true);
+    // The compilations are independent: run them side by side.
+    let spawn = |build| {
+        let (s, i) = (src.clone(), include.clone());
+        std::thread::spawn(move || objects(&s, &i, build))
+    };
+    let plain = spawn(Build::Plain);
+    let patch = spawn(Build::Patchable);
+    let instr = objects(&src, &include, Build::Instrumented);
     let plain = plain.join().expect("plain build");
+    let patch = patch.join().expect("patchable build");
 
     let paths = [
         ("PLAIN", out.join("libsqlite_plain.so")),
         ("INSTR", out.join("libsqlite_instr.so")),
         ("WRAPPED", out.join("libsqlite_instr_wrapped.so")),
+        ("PATCH", out.join("libsqlite_patch.so")),
     ];
     link(&plain, &paths[0].1, &[]);
+    link(&patch, &paths[3].1, &[]);
     link(&instr, &paths[1].1, &[]);
     link(
         &instr,

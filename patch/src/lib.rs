@@ -125,6 +125,6 @@ mod tramp;
 
 pub use error::Error;
 pub use regs::Regs;
-pub use runtime::{Attached, attach, detach, missed, registry};
+pub use runtime::{Attached, attach, attach_with_cookies, detach, missed, registry};
 pub use sites::{Layout, Site, sites};
 pub use tramp::{RETURN_DEPTH, prepare_thread};

@@ -163,9 +163,42 @@ fn state() -> &'static Mutex<State> {
 ///
 /// See the [crate docs](crate).
 pub fn attach(probe: Fprobe<Regs>, functions: &[u64]) -> Result<Attached, Error> {
-    let mut functions = functions.to_vec();
-    functions.sort_unstable();
-    functions.dedup();
+    attach_with_cookies(probe, functions.iter().map(|&f| (f, 0)))
+}
+
+/// [`attach`] with a cookie per function, which the handlers see as
+/// `EntryContext::cookie` and `ExitContext::cookie` (an engine's index
+/// of the function, say). A function given twice keeps its first cookie.
+///
+/// # Errors
+///
+/// As [`attach`].
+///
+/// # Examples
+///
+/// ```no_run
+/// use fprobe::probe::Fprobe;
+///
+/// let sites = fprobe_patch::sites()?;
+/// let probe = Fprobe::<fprobe_patch::Regs>::builder()
+///     .exit(|x| println!("function {} returned {}", x.cookie, x.ctx.ret()))
+///     .build();
+/// let a = fprobe_patch::attach_with_cookies(
+///     probe,
+///     sites.iter().enumerate().map(|(i, s)| (s.function, i as u64)),
+/// )?;
+/// fprobe_patch::detach(a)?;
+/// # Ok::<(), fprobe_patch::Error>(())
+/// ```
+pub fn attach_with_cookies(
+    probe: Fprobe<Regs>,
+    functions: impl IntoIterator<Item = (u64, u64)>,
+) -> Result<Attached, Error> {
+    let mut with_cookies: Vec<(u64, u64)> = functions.into_iter().collect();
+    // Stable: the first cookie of a function given twice stays first.
+    with_cookies.sort_by_key(|&(f, _)| f);
+    with_cookies.dedup_by_key(|&mut (f, _)| f);
+    let functions: Vec<u64> = with_cookies.iter().map(|&(f, _)| f).collect();
     let mut st = state().lock().unwrap_or_else(|p| p.into_inner());
     if functions.iter().any(|f| !st.functions.contains_key(f)) {
         st.rescan()?;
@@ -204,7 +237,7 @@ pub fn attach(probe: Fprobe<Regs>, functions: &[u64]) -> Result<Attached, Error>
     for m in modules {
         st.stubs_for(m)?;
     }
-    let handle = registry().register(probe, &functions)?;
+    let handle = registry().register_with_cookies(probe, with_cookies)?;
     let fresh: Vec<u64> = functions
         .iter()
         .copied()

@@ -150,12 +150,7 @@ unsafe extern "C" fn collect(
 ) -> libc::c_int {
     // SAFETY: `data` is the `&mut Vec` `modules` passed; `info` is valid
     // for the call (dl_iterate_phdr's contract).
-    let (raw, info) = unsafe {
-        (
-            &mut *data.cast::<Vec<Loaded>>(),
-            &*info,
-        )
-    };
+    let (raw, info) = unsafe { (&mut *data.cast::<Vec<Loaded>>(), &*info) };
     let name = if info.dlpi_name.is_null() {
         String::new()
     } else {

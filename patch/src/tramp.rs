@@ -197,23 +197,28 @@ unsafe extern "C" {
 }
 
 // The entry trampoline. Entered from a stub's `call` with r11 = the
-// function: [rsp] is the stub's return address, [rsp + 8] the function's,
-// and rsp ≡ 0 (mod 16) (the function's entry has rsp ≡ 8; the call pushed
-// 8). 192 bytes of `Regs` keep rsp aligned for the call into Rust.
-// Offsets: `Regs::gp` at 0 (rdi rsi rdx rcx r8 r9 rax r10), `Regs::xmm` at
-// 64. rbx, rbp, r12–r15 are kept by the callee; r11 and the flags are
-// dead at a function's entry.
+// function: [rsp] is the stub's return address, [rsp + 8] the function's.
+// The stack is not assumed aligned (GCC calls static functions that need
+// no alignment with whatever rsp it has, `-fipa-stack-alignment`): rbp
+// keeps the entry rsp, rsp is rounded down to 16 for the call into Rust
+// and the 192-byte `Regs` below it. Offsets: `Regs::gp` at 0
+// (rdi rsi rdx rcx r8 r9 rax r10), `Regs::xmm` at 64. rbx, rbp, r12–r15
+// are kept by the callee (rbp restored here); r11 and the flags are dead
+// at a function's entry.
 //
-// The exit trampoline. Entered by the function's `ret` with rsp ≡ 0
-// (mod 16); saves rax, rdx, xmm0, xmm1 (the return registers) into a
-// `Regs`, passes it and the stack pointer at the `ret` to `on_exit`, and
-// jumps to the address that returns, through r11 (dead after a return).
+// The exit trampoline. Entered by the function's `ret`; saves rax, rdx,
+// xmm0, xmm1 (the return registers) into a `Regs` on an aligned stack,
+// passes it and the stack pointer at the `ret` to `on_exit`, and jumps to
+// the address that returns, through r11 (dead after a return).
 std::arch::global_asm!(
     ".pushsection .text.fprobe_patch,\"ax\",@progbits",
     ".globl fprobe_patch_entry",
     ".type fprobe_patch_entry,@function",
     ".p2align 4",
     "fprobe_patch_entry:",
+    "push rbp",
+    "mov rbp, rsp",
+    "and rsp, -16",
     "sub rsp, 192",
     "mov [rsp + 0], rdi",
     "mov [rsp + 8], rsi",
@@ -232,7 +237,8 @@ std::arch::global_asm!(
     "movaps [rsp + 160], xmm6",
     "movaps [rsp + 176], xmm7",
     "mov rdi, r11",
-    "lea rsi, [rsp + 200]",
+    // [rbp] saved rbp, [rbp + 8] the stub's return, [rbp + 16] the function's.
+    "lea rsi, [rbp + 16]",
     "mov rdx, rsp",
     "call {on_entry}",
     "mov rdi, [rsp + 0]",
@@ -251,7 +257,8 @@ std::arch::global_asm!(
     "movaps xmm5, [rsp + 144]",
     "movaps xmm6, [rsp + 160]",
     "movaps xmm7, [rsp + 176]",
-    "add rsp, 192",
+    "mov rsp, rbp",
+    "pop rbp",
     "ret",
     ".size fprobe_patch_entry, . - fprobe_patch_entry",
     "",
@@ -259,20 +266,25 @@ std::arch::global_asm!(
     ".type fprobe_patch_exit,@function",
     ".p2align 4",
     "fprobe_patch_exit:",
+    "push rbp",
+    "mov rbp, rsp",
+    "and rsp, -16",
     "sub rsp, 192",
     "mov [rsp + 48], rax",
     "mov [rsp + 16], rdx",
     "movaps [rsp + 64], xmm0",
     "movaps [rsp + 80], xmm1",
     "mov rdi, rsp",
-    "lea rsi, [rsp + 192]",
+    // The stack pointer right after the function's `ret`.
+    "lea rsi, [rbp + 8]",
     "call {on_exit}",
     "mov r11, rax",
     "mov rax, [rsp + 48]",
     "mov rdx, [rsp + 16]",
     "movaps xmm0, [rsp + 64]",
     "movaps xmm1, [rsp + 80]",
-    "add rsp, 192",
+    "mov rsp, rbp",
+    "pop rbp",
     "jmp r11",
     ".size fprobe_patch_exit, . - fprobe_patch_exit",
     ".popsection",

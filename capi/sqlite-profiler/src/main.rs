@@ -13,11 +13,17 @@
 //!   (the cost of the compiler's hooks alone);
 //! * `fprobe`: the instrumented build profiled through the crate;
 //! * `locked HashMap`: the same object file with its hooks bound to a
-//!   `Mutex<HashMap>` dispatcher (`baseline.rs`) calling the same handlers.
+//!   `Mutex<HashMap>` dispatcher (`baseline.rs`) calling the same handlers;
+//! * `patch, detached`: SQLite built with `-fpatchable-function-entry=7,5`,
+//!   nothing attached (its functions start with two nops);
+//! * `patch`: that build with every patchable function attached at run
+//!   time through `fprobe-patch`, the same handlers (attach and detach
+//!   timed).
 //!
 //! ```text
 //! cargo run --release -p fprobe-sqlite-profiler -- [--rows N] [--threads 1,2] [--reps R] [--top K]
-//!     [--handlers profile|noop] [--modes plain,detached,fprobe,hashmap] [--hit-cache N[,percpu]]
+//!     [--handlers profile|noop] [--modes plain,detached,fprobe,hashmap,patch-detached,patch]
+//!     [--hit-cache N[,percpu]]
 //! ```
 
 mod baseline;
@@ -86,20 +92,55 @@ fn functions(path: &str, lib: &Lib) -> Vec<Func> {
     v
 }
 
+/// The patchable functions of the patchable copy, each with the index of
+/// the function of the same name in `funcs` as cookie, and the names of
+/// those the instrumented copy does not have (clones the two compilations
+/// made differently), whose cookies follow `funcs`'s.
+fn patch_functions(lib: &Lib, funcs: &[Func]) -> (Vec<(u64, u64)>, Vec<String>) {
+    let by_name: HashMap<&str, usize> = funcs
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.name.as_str(), i))
+        .collect();
+    let sites = fprobe_patch::sites().expect("read the loaded objects");
+    let mut extra = Vec::new();
+    let v: Vec<(u64, u64)> = sites
+        .iter()
+        .filter(|s| *s.module == *lib.path && s.layout == fprobe_patch::Layout::HotPatch)
+        .map(|s| {
+            let name = s.name.as_deref().unwrap_or("?");
+            let cookie = match by_name.get(name) {
+                Some(&i) => i,
+                None => {
+                    extra.push(name.to_string());
+                    funcs.len() + extra.len() - 1
+                }
+            };
+            (s.function, cookie as u64)
+        })
+        .collect();
+    assert!(!v.is_empty(), "no patchable function in {}", lib.path);
+    (v, extra)
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
     Plain,
     Detached,
     Fprobe,
     LockedHashMap,
+    PatchDetached,
+    Patch,
 }
 
 impl Mode {
-    const ALL: [Mode; 4] = [
+    const ALL: [Mode; 6] = [
         Mode::Plain,
         Mode::Detached,
         Mode::Fprobe,
         Mode::LockedHashMap,
+        Mode::PatchDetached,
+        Mode::Patch,
     ];
 
     fn name(self) -> &'static str {
@@ -108,6 +149,8 @@ impl Mode {
             Mode::Detached => "instr, runtime detached",
             Mode::Fprobe => "instr, fprobe profiler",
             Mode::LockedHashMap => "instr, locked-HashMap profiler",
+            Mode::PatchDetached => "patchable, nothing attached",
+            Mode::Patch => "patchable, fprobe-patch profiler",
         }
     }
 }
@@ -116,6 +159,13 @@ struct Libs {
     plain: Lib,
     instr: Lib,
     wrapped: Lib,
+    patch: Lib,
+    /// The patchable functions of `patch` and their cookies: the index of
+    /// the function of the same name in the instrumented copy's list
+    /// (`u64::MAX` for one it does not have), so profiles compare.
+    patch_funcs: Vec<(u64, u64)>,
+    /// Names of the patchable functions the instrumented copy lacks.
+    patch_extra: Vec<String>,
     /// Load bias of `wrapped` minus that of `instr`: the same function is
     /// at `addr + wrapped_shift` in the wrapped copy.
     wrapped_shift: u64,
@@ -129,8 +179,11 @@ struct Run {
     stats: Vec<Stat>,
     /// The probe's counters (fprobe mode).
     probe: Option<fprobe_stats>,
-    /// Registration time of all functions (fprobe mode).
+    /// Registration time of all functions (fprobe mode), or the attach
+    /// time (patch mode).
     register: Duration,
+    /// Detach time (patch mode).
+    detach: Duration,
 }
 
 fn workload_threads(lib: &Lib, threads: usize, rows: i64) -> (Duration, i64) {
@@ -151,6 +204,8 @@ fn workload_threads(lib: &Lib, threads: usize, rows: i64) -> (Duration, i64) {
 struct Handlers {
     entry: fprobe_entry_fn,
     exit: fprobe_exit_fn,
+    /// The no-op pair (the patch mode builds its Rust twin).
+    noop: bool,
 }
 
 /// `--hit-cache N[,percpu]`: the registry's hit cache (entries, per-CPU).
@@ -164,6 +219,7 @@ fn run(libs: &Libs, funcs: &[Func], h: Handlers, mode: Mode, threads: usize, row
         stats: Vec::new(),
         probe: None,
         register: Duration::ZERO,
+        detach: Duration::ZERO,
     };
     match mode {
         Mode::Plain => (out.wall, out.checksum) = workload_threads(&libs.plain, threads, rows),
@@ -232,6 +288,48 @@ fn run(libs: &Libs, funcs: &[Func], h: Handlers, mode: Mode, threads: usize, row
             baseline::uninstall();
             out.stats = prof::take_totals();
         }
+        Mode::PatchDetached => {
+            (out.wall, out.checksum) = workload_threads(&libs.patch, threads, rows);
+        }
+        Mode::Patch => {
+            let probe = fprobe::probe::Fprobe::<fprobe_patch::Regs>::builder().data_size(8);
+            let probe = if h.noop {
+                probe
+                    .entry(|_| fprobe::probe::EntryAction::Continue)
+                    .exit(|_| {})
+            } else {
+                probe
+                    .entry(|e| match prof::enter(e.cookie, e.data.len() >= 8) {
+                        Some(start) => {
+                            e.data[..8].copy_from_slice(&start.to_ne_bytes());
+                            fprobe::probe::EntryAction::Continue
+                        }
+                        None => fprobe::probe::EntryAction::SkipExit,
+                    })
+                    .exit(|x| {
+                        let start = u64::from_ne_bytes(x.data[..8].try_into().expect("8 bytes"));
+                        prof::leave(x.cookie, start);
+                    })
+            };
+            let t0 = Instant::now();
+            let a =
+                fprobe_patch::attach_with_cookies(probe.build(), libs.patch_funcs.iter().copied())
+                    .expect("attach every patchable function");
+            out.register = t0.elapsed();
+            (out.wall, out.checksum) = workload_threads(&libs.patch, threads, rows);
+            let st = a.stats();
+            let t1 = Instant::now();
+            fprobe_patch::detach(a).expect("detach");
+            out.detach = t1.elapsed();
+            out.probe = Some(fprobe_stats {
+                hits: st.hits,
+                exits: st.exits,
+                missed_recursion: st.missed.recursion,
+                missed_depth: st.missed.depth,
+                missed_disabled: st.missed.disabled,
+            });
+            out.stats = prof::take_totals();
+        }
     }
     out
 }
@@ -251,7 +349,8 @@ struct Options {
 }
 
 const USAGE: &str = "usage: fprobe-sqlite-profiler [--rows N] [--threads 1,2] [--reps R] [--top K]
-    [--handlers profile|noop] [--modes plain,detached,fprobe,hashmap] [--hit-cache N[,percpu]]";
+    [--handlers profile|noop] [--modes plain,detached,fprobe,hashmap,patch-detached,patch]
+    [--hit-cache N[,percpu]]";
 
 /// Why the command line gave no [`Options`].
 enum ArgsError {
@@ -321,8 +420,11 @@ fn parse_options(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<O
                         "detached" => Ok(Mode::Detached),
                         "fprobe" => Ok(Mode::Fprobe),
                         "hashmap" => Ok(Mode::LockedHashMap),
+                        "patch-detached" => Ok(Mode::PatchDetached),
+                        "patch" => Ok(Mode::Patch),
                         other => Err(format!(
-                            "--modes: unknown mode {other:?} (plain, detached, fprobe, hashmap)"
+                            "--modes: unknown mode {other:?} (plain, detached, fprobe, hashmap, \
+                             patch-detached, patch)"
                         )),
                     })
                     .collect::<Result<_, String>>()?;
@@ -403,17 +505,22 @@ fn main() {
         Handlers {
             entry: Some(prof::noop_entry),
             exit: Some(prof::noop_exit),
+            noop: true,
         }
     } else {
         Handlers {
             entry: Some(prof::on_entry),
             exit: Some(prof::on_exit),
+            noop: false,
         }
     };
     let mut libs = Libs {
         plain: Lib::load(env!("FPROBE_SQLITE_PLAIN")),
         instr: Lib::load(env!("FPROBE_SQLITE_INSTR")),
         wrapped: Lib::load(env!("FPROBE_SQLITE_WRAPPED")),
+        patch: Lib::load(env!("FPROBE_SQLITE_PATCH")),
+        patch_funcs: Vec::new(),
+        patch_extra: Vec::new(),
         wrapped_shift: 0,
     };
     // Same object file, so the same symbol values: the copies differ by
@@ -430,11 +537,15 @@ fn main() {
     );
     // Each copy initialises itself (sqlite3_initialize) on first use: do
     // that outside the measured runs, with nothing attached.
-    for lib in [&libs.plain, &libs.instr, &libs.wrapped] {
+    for lib in [&libs.plain, &libs.instr, &libs.wrapped, &libs.patch] {
         sqlite::workload(lib, 1, 100);
     }
     let funcs = functions(&libs.instr.path, &libs.instr);
-    prof::NFUNCS.store(funcs.len(), std::sync::atomic::Ordering::Relaxed);
+    (libs.patch_funcs, libs.patch_extra) = patch_functions(&libs.patch, &funcs);
+    prof::NFUNCS.store(
+        funcs.len() + libs.patch_extra.len(),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let tpn = prof::calibrate(100);
     println!(
         "SQLite amalgamation, {} functions probed (every sized function symbol of {})",
@@ -446,12 +557,15 @@ fn main() {
     );
 
     let mut last_fprobe: Option<Run> = None;
+    let mut last_patch: Option<Run> = None;
     let mut last_map_calls = 0u64;
     for &t in &threads {
         let mut walls: HashMap<&'static str, Vec<f64>> = HashMap::new();
         let mut checksum = None;
         let mut calls = 0u64;
+        let mut patch_calls = 0u64;
         let mut reg_ms = Vec::new();
+        let (mut attach_ms, mut detach_ms) = (Vec::new(), Vec::new());
         for _ in 0..reps {
             for mode in Mode::ALL {
                 if !modes.contains(&mode) {
@@ -476,6 +590,24 @@ fn main() {
                     }
                     reg_ms.push(r.register.as_secs_f64() * 1e3);
                     last_fprobe = Some(r);
+                } else if mode == Mode::Patch {
+                    let p = r.probe.expect("probe stats");
+                    patch_calls = if noop {
+                        p.hits
+                    } else {
+                        r.stats.iter().map(|s| s.calls).sum()
+                    };
+                    assert_eq!(
+                        p.hits, patch_calls,
+                        "every patched call reached the handler once"
+                    );
+                    assert_eq!(
+                        p.exits, p.hits,
+                        "every patched call returned through its exit"
+                    );
+                    attach_ms.push(r.register.as_secs_f64() * 1e3);
+                    detach_ms.push(r.detach.as_secs_f64() * 1e3);
+                    last_patch = Some(r);
                 } else if mode == Mode::LockedHashMap {
                     last_map_calls = r.stats.iter().map(|s| s.calls).sum();
                     if modes.contains(&Mode::Fprobe) && !noop {
@@ -499,11 +631,15 @@ fn main() {
         );
         for mode in Mode::ALL {
             let w = med(mode);
-            let per_call = if matches!(mode, Mode::Plain) || calls == 0 {
+            let c = match mode {
+                Mode::PatchDetached | Mode::Patch => patch_calls,
+                _ => calls,
+            };
+            let per_call = if matches!(mode, Mode::Plain) || c == 0 {
                 "-".to_string()
             } else {
                 // Extra wall time per probed call, per thread.
-                format!("{:.1}", (w - plain) * 1e9 * t as f64 / calls as f64)
+                format!("{:.1}", (w - plain) * 1e9 * t as f64 / c as f64)
             };
             println!(
                 "  {:<32} {:>10.1} {:>10.2}x {:>13} {:>11.2}x",
@@ -512,6 +648,15 @@ fn main() {
                 w / plain,
                 per_call,
                 w / map
+            );
+        }
+        if !attach_ms.is_empty() {
+            println!(
+                "  patch: {} functions attached in {:.2} ms, detached in {:.2} ms (medians, the \
+                 detach's grace period included); {patch_calls} calls per run",
+                libs.patch_funcs.len(),
+                stats::median(&attach_ms),
+                stats::median(&detach_ms)
             );
         }
     }
@@ -529,5 +674,54 @@ fn main() {
             funcs.len()
         );
         report(&funcs, &r.stats, tpn, top);
+        if let Some(pr) = last_patch.as_ref() {
+            compare(&funcs, &libs.patch_extra, &r.stats, &pr.stats);
+        }
     }
+}
+
+/// The two builds' per-function call counts side by side: the
+/// instrumented build's hooks run in inlined copies too, the patched
+/// build's entries only for real calls, so a function the compiler
+/// inlined somewhere counts more calls there.
+fn compare(funcs: &[Func], extra: &[String], instr: &[Stat], patch: &[Stat]) {
+    let calls = |s: &[Stat], i: usize| s.get(i).map_or(0, |s| s.calls);
+    let (mut same, mut fewer, mut more, mut both) = (0, 0, 0, 0);
+    let mut worst: Vec<(u64, u64, &str)> = Vec::new();
+    for (i, f) in funcs.iter().enumerate() {
+        let (a, b) = (calls(instr, i), calls(patch, i));
+        if a == 0 && b == 0 {
+            continue;
+        }
+        both += 1;
+        match b.cmp(&a) {
+            std::cmp::Ordering::Equal => same += 1,
+            std::cmp::Ordering::Less => fewer += 1,
+            std::cmp::Ordering::Greater => more += 1,
+        }
+        if a != b {
+            worst.push((a, b, &f.name));
+        }
+    }
+    let only_patch: u64 = (0..extra.len())
+        .map(|k| calls(patch, funcs.len() + k))
+        .sum();
+    worst.sort_by_key(|&(a, b, _)| std::cmp::Reverse(a.abs_diff(b)));
+    println!();
+    println!(
+        "patched vs instrumented build, per function (last runs): {both} functions called; \
+         {same} with the same count, {fewer} with fewer calls patched (inlined where the \
+         instrumented build still counts them), {more} with more; {only_patch} calls to {} \
+         functions only the patched build has; largest differences:",
+        extra.len()
+    );
+    for (a, b, name) in worst.iter().take(5) {
+        println!("  {name}: instrumented {a}, patched {b}");
+    }
+    // The instrumented build counts every call, inlined or not; the
+    // patched one can only miss calls, never invent them.
+    assert_eq!(
+        more, 0,
+        "a function had more real calls patched than calls instrumented"
+    );
 }

@@ -91,6 +91,39 @@ fn with<R>(f: impl FnOnce(&mut ThreadProf) -> R) -> R {
     })
 }
 
+/// Counts a call of function `cookie`; with `timed`, opens its timing
+/// and returns the start time (for the call's data).
+#[inline(always)]
+pub fn enter(cookie: u64, timed: bool) -> Option<u64> {
+    with(|tp| {
+        if let Some(s) = tp.stats.get_mut(cookie as usize) {
+            s.calls += 1;
+        }
+        if timed {
+            tp.children.push(0);
+        }
+    });
+    timed.then(now)
+}
+
+/// Closes the timing of a call of function `cookie` that started at
+/// `start`: inclusive and self time.
+#[inline(always)]
+pub fn leave(cookie: u64, start: u64) {
+    let end = now();
+    let incl = end.wrapping_sub(start);
+    with(|tp| {
+        let child = tp.children.pop().unwrap_or(0);
+        if let Some(parent) = tp.children.last_mut() {
+            *parent += incl;
+        }
+        if let Some(s) = tp.stats.get_mut(cookie as usize) {
+            s.total += incl;
+            s.self_ += incl.saturating_sub(child);
+        }
+    });
+}
+
 /// Entry handler: counts the call and stamps the start time into the
 /// per-call data.
 ///
@@ -102,20 +135,14 @@ pub unsafe extern "C" fn on_entry(_user: *mut c_void, ctx: *mut fprobe_entry_ctx
     // SAFETY: valid for the call.
     let ctx = unsafe { &mut *ctx };
     let has_data = !ctx.data.is_null() && ctx.data_size >= 8;
-    with(|tp| {
-        if let Some(s) = tp.stats.get_mut(ctx.cookie as usize) {
-            s.calls += 1;
+    match enter(ctx.cookie, has_data) {
+        Some(start) => {
+            // SAFETY: at least 8 bytes; no alignment promised.
+            unsafe { ctx.data.cast::<u64>().write_unaligned(start) };
+            0
         }
-        if has_data {
-            tp.children.push(0);
-        }
-    });
-    if !has_data {
-        return FPROBE_SKIP_EXIT;
+        None => FPROBE_SKIP_EXIT,
     }
-    // SAFETY: at least 8 bytes; no alignment promised.
-    unsafe { ctx.data.cast::<u64>().write_unaligned(now()) };
-    0
 }
 
 /// Exit handler: inclusive and self time.
@@ -124,22 +151,11 @@ pub unsafe extern "C" fn on_entry(_user: *mut c_void, ctx: *mut fprobe_entry_ctx
 ///
 /// As [`on_entry`]; the data is what `on_entry` wrote.
 pub unsafe extern "C" fn on_exit(_user: *mut c_void, ctx: *const fprobe_exit_ctx) {
-    let end = now();
     // SAFETY: valid for the call.
     let ctx = unsafe { &*ctx };
     // SAFETY: the 8 bytes `on_entry` wrote.
     let start = unsafe { ctx.data.cast::<u64>().read_unaligned() };
-    let incl = end.wrapping_sub(start);
-    with(|tp| {
-        let child = tp.children.pop().unwrap_or(0);
-        if let Some(parent) = tp.children.last_mut() {
-            *parent += incl;
-        }
-        if let Some(s) = tp.stats.get_mut(ctx.cookie as usize) {
-            s.total += incl;
-            s.self_ += incl.saturating_sub(child);
-        }
-    });
+    leave(ctx.cookie, start);
 }
 
 /// Entry handler that does nothing but ask for the exit (for measuring
