@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # AddressSanitizer (with LeakSanitizer) on the concurrency tests (rcu,
-# index, objpool, retinst, probe, the allocation tests and the fuzz corpus
-# replay; short FPROBE_STRESS_MS), then the canary: a deliberate
+# index, objpool, retinst, probe, the allocation tests, the fuzz corpus
+# replay and the patching runtime's; short FPROBE_STRESS_MS), then the canary: a deliberate
 # use-after-free (tests/canary.rs) that ASan must report. Installs nightly +
 # rust-src itself; if that fails it prints SKIPPED and the reason, and exits 0.
 set -u
@@ -23,6 +23,10 @@ for t in "${tests[@]}"; do
   echo "== asan: --test $t (FPROBE_STRESS_MS=$FPROBE_STRESS_MS)"
   cargo_asan --test "$t" || status=1
 done
+# The patching runtime: trampolines, return stack, patched C code under
+# threads, signals, longjmp and fork.
+echo "== asan: patching runtime (fprobe-patch-ctest)"
+cargo_asan -p fprobe-patch-ctest --test patch --test signals || status=1
 san_canary asan "AddressSanitizer: heap-use-after-free" \
   cargo_asan --test canary -- --ignored --exact canary_free_without_grace_period || status=1
 exit $status

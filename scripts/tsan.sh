@@ -30,6 +30,11 @@ for t in rcu index objpool retinst probe; do
   [ "$t" = rcu ] && skip=(--skip fork_child_can_synchronize)
   cargo_tsan --test "$t" -- "${skip[@]}" || status=1
 done
+# The patching runtime while threads run patched code (fork skipped as
+# above; its code writes are outside TSan's view, the registry and the
+# runtime's own state are not).
+echo "== tsan: patching runtime (fprobe-patch-ctest)"
+cargo_tsan -p fprobe-patch-ctest --test patch --test signals -- --skip a_forked_child || status=1
 san_canary tsan "ThreadSanitizer: data race" \
   cargo_tsan --test canary -- --ignored --exact canary_relaxed_publication || status=1
 exit $status

@@ -23,8 +23,11 @@
 //! ```text
 //! cargo run --release -p fprobe-sqlite-profiler -- [--rows N] [--threads 1,2] [--reps R] [--top K]
 //!     [--handlers profile|noop] [--modes plain,detached,fprobe,hashmap,patch-detached,patch]
-//!     [--hit-cache N[,percpu]]
+//!     [--hit-cache N[,percpu]] [--stress-patch SECS]
 //! ```
+//!
+//! `--stress-patch SECS` instead attaches and detaches every patchable
+//! function in a loop while two threads run the workload (`stress.rs`).
 
 mod baseline;
 mod prof;
@@ -34,6 +37,7 @@ mod sqlite;
 #[path = "../../../bench/src/stats.rs"]
 #[allow(dead_code)] // this includer uses `median` only
 mod stats;
+mod stress;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -346,11 +350,13 @@ struct Options {
     noop: bool,
     /// `--hit-cache N[,percpu]`: entries per cache (0: none), per CPU.
     hit_cache: (usize, bool),
+    /// `--stress-patch SECS`: run the patching stress instead (`stress.rs`).
+    stress_patch: Option<f64>,
 }
 
 const USAGE: &str = "usage: fprobe-sqlite-profiler [--rows N] [--threads 1,2] [--reps R] [--top K]
     [--handlers profile|noop] [--modes plain,detached,fprobe,hashmap,patch-detached,patch]
-    [--hit-cache N[,percpu]]";
+    [--hit-cache N[,percpu]] [--stress-patch SECS]";
 
 /// Why the command line gave no [`Options`].
 enum ArgsError {
@@ -390,6 +396,7 @@ fn parse_options(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<O
         modes: Mode::ALL.to_vec(),
         noop: false,
         hit_cache: (0, false),
+        stress_patch: None,
     };
     let mut parser = lexopt::Parser::from_args(args);
     let text = |p: &mut lexopt::Parser, flag: &str| -> Result<String, ArgsError> {
@@ -448,6 +455,12 @@ fn parse_options(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<O
                 };
                 o.hit_cache = (value("--hit-cache", n.to_string())?, percpu);
             }
+            Long("stress-patch") => {
+                o.stress_patch = Some(value(
+                    "--stress-patch",
+                    text(&mut parser, "--stress-patch")?,
+                )?)
+            }
             _ => return Err(arg.unexpected().into()),
         }
     }
@@ -488,6 +501,7 @@ fn main() {
         modes,
         noop,
         hit_cache: (entries, percpu),
+        stress_patch,
     } = match parse_options(std::env::args_os().skip(1)) {
         Ok(o) => o,
         Err(ArgsError::Help) => {
@@ -542,6 +556,11 @@ fn main() {
     }
     let funcs = functions(&libs.instr.path, &libs.instr);
     (libs.patch_funcs, libs.patch_extra) = patch_functions(&libs.patch, &funcs);
+    if let Some(secs) = stress_patch {
+        let fs: Vec<u64> = libs.patch_funcs.iter().map(|&(f, _)| f).collect();
+        stress::run(&libs.plain, &libs.patch, &fs, secs, rows);
+        return;
+    }
     prof::NFUNCS.store(
         funcs.len() + libs.patch_extra.len(),
         std::sync::atomic::Ordering::Relaxed,

@@ -282,3 +282,114 @@ fn attach_and_detach_while_two_threads_call_flat_out() {
         assert_eq!(&bytes(f)[5..], &[0x90, 0x90]);
     }
 }
+
+/// Calls `pt_add(a, b)` with the stack 8 bytes off the ABI's alignment, as
+/// GCC calls static functions that need no alignment
+/// (`-fipa-stack-alignment`).
+fn pt_add_misaligned(a: i32, b: i32) -> i32 {
+    let r: i32;
+    // SAFETY: skips the red zone, keeps rsp in r12 (callee-saved) and
+    // restores it; the call clobbers what the C ABI lets it clobber.
+    unsafe {
+        std::arch::asm!(
+            "sub rsp, 128",
+            "push r12",
+            "mov r12, rsp",
+            "and rsp, -16",
+            "sub rsp, 8",
+            "call {f}",
+            "mov rsp, r12",
+            "pop r12",
+            "add rsp, 128",
+            f = in(reg) addr("pt_add"),
+            in("edi") a,
+            in("esi") b,
+            lateout("eax") r,
+            clobber_abi("C"),
+        );
+    }
+    r
+}
+
+#[test]
+fn a_function_entered_with_the_stack_misaligned_is_probed_and_returns() {
+    let _s = serial();
+    let seen = Arc::new(AtomicU64::new(0));
+    let s = seen.clone();
+    let probe = Fprobe::<Regs>::builder()
+        .data_size(8)
+        .entry(|e| {
+            e.data.copy_from_slice(&e.ctx.arg(1).to_ne_bytes());
+            EntryAction::Continue
+        })
+        .exit(move |x| {
+            s.fetch_add(x.ctx.ret() & 0xffff_ffff, Ordering::Relaxed);
+        })
+        .build();
+    let a = attach(probe, &[addr("pt_add")]).unwrap();
+    assert_eq!(pt_add_misaligned(30, 12), 42);
+    assert_eq!(unsafe { pt_add(1, 1) }, 2);
+    detach(a).unwrap();
+    assert_eq!(seen.load(Ordering::Relaxed), 44);
+}
+
+#[test]
+fn threads_started_after_attach_are_probed() {
+    let _s = serial();
+    let n = Arc::new(AtomicU64::new(0));
+    let a = attach(counting(&n), &[addr("pt_add")]).unwrap();
+    let ts: Vec<_> = (0..3)
+        .map(|_| std::thread::spawn(|| (0..100).map(|i| unsafe { pt_add(i, 1) }).sum::<i32>()))
+        .collect();
+    for t in ts {
+        assert_eq!(t.join().unwrap(), 5050);
+    }
+    detach(a).unwrap();
+    assert_eq!(n.load(Ordering::Relaxed), 300);
+}
+
+#[test]
+fn a_forked_child_runs_the_attached_probes() {
+    let _s = serial();
+    let n = Arc::new(AtomicU64::new(0));
+    let exits = Arc::new(AtomicU64::new(0));
+    let (n2, e2) = (n.clone(), exits.clone());
+    let probe = Fprobe::<Regs>::builder()
+        .entry(move |_| {
+            n2.fetch_add(1, Ordering::Relaxed);
+            EntryAction::Continue
+        })
+        .exit(move |_| {
+            e2.fetch_add(1, Ordering::Relaxed);
+        })
+        .build();
+    fprobe_patch::prepare_thread();
+    let a = attach(probe, &[addr("pt_add"), addr("pt_fib")]).unwrap();
+    // SAFETY: the child only calls the C functions, whose probes touch
+    // atomics, and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let ok = unsafe { pt_add(2, 3) } == 5
+            && unsafe { pt_fib(10) } == 55
+            && n.load(Ordering::Relaxed) == 1 + 177
+            && exits.load(Ordering::Relaxed) == 1 + 177;
+        // SAFETY: leaves the child without running the parent's atexit.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child: {status:#x}"
+    );
+    // The parent's counts are its own.
+    assert_eq!(n.load(Ordering::Relaxed), 0);
+    assert_eq!(unsafe { pt_add(2, 3) }, 5);
+    detach(a).unwrap();
+    assert_eq!(
+        (n.load(Ordering::Relaxed), exits.load(Ordering::Relaxed)),
+        (1, 1)
+    );
+}
