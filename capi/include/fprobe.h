@@ -41,6 +41,15 @@
 // An internal error was caught at the ABI boundary (a bug: please report).
 #define FPROBE_E_INTERNAL -7
 
+// The patching runtime refused a function: not a patchable function of a
+// loaded object, not the `-fpatchable-function-entry=7,5` layout, or its
+// bytes are not the expected nops.
+#define FPROBE_E_NOT_PATCHABLE -8
+
+// A system call of the patching runtime failed (`mprotect`, `mmap`), or
+// no stub page could be placed near the function's object.
+#define FPROBE_E_OS -9
+
 // Returned by an entry handler: do not call the exit handler for this
 // call. Any other value (0 by convention) means "call it".
 #define FPROBE_SKIP_EXIT 1
@@ -147,6 +156,17 @@ typedef struct fprobe_stats {
   // Hits while the probe was disabled.
   uint64_t missed_disabled;
 } fprobe_stats;
+
+// A patched call's saved registers, what a handler's `engine_ctx`
+// points at. At entry: the SysV argument registers; at exit: `rax`
+// (`gp[6]`), `rdx` (`gp[2]`), `xmm0` and `xmm1` hold the return value,
+// the rest is unspecified.
+typedef struct fprobe_patch_regs {
+  // `rdi rsi rdx rcx r8 r9 rax r10`.
+  uint64_t gp[8];
+  // `xmm0`–`xmm7`, 16 bytes each (a `double` argument is the first 8).
+  uint8_t xmm[8][16];
+} fprobe_patch_regs;
 
 #ifdef __cplusplus
 extern "C" {
@@ -317,6 +337,57 @@ int fprobe_cyg_attach(struct fprobe_registry *r);
 // when nothing is attached is not an error. Thread-safe; blocks for an
 // RCU grace period.
 int fprobe_cyg_detach(void);
+
+// Attaches `probe` to the `n` functions at `functions` (with `cookies[i]`
+// for `functions[i]`, or 0 when `cookies` is NULL) and writes its handle
+// to `*handle_out`. All or nothing: on error no function is patched and
+// nothing is registered (`release` is not called).
+//
+// Returns [`FPROBE_E_NULL`], [`FPROBE_E_INVALID`] (no handler, or a
+// `data_size` above 64), [`FPROBE_E_NOT_PATCHABLE`] (a function that is
+// not a `-fpatchable-function-entry=7,5` function of a loaded object),
+// [`FPROBE_E_CAPACITY`] (4096 probes attached), [`FPROBE_E_OS`].
+// Thread-safe; not from a handler.
+//
+// # Safety
+//
+// `probe` is NULL or valid; `functions` (and `cookies` if not NULL) point
+// to `n` readable `u64`s; `handle_out` is NULL or writable; the handlers
+// follow the crate's handler rules.
+int fprobe_patch_attach(const struct fprobe_probe *probe,
+                        const uint64_t *functions,
+                        const uint64_t *cookies,
+                        size_t n,
+                        uint64_t *handle_out);
+
+// Detaches the probe `handle` names: when this returns none of its
+// handlers runs or will run (one grace period), and functions no other
+// attached probe uses run their entry nops again. The release callback
+// runs afterwards. Returns [`FPROBE_E_NOT_FOUND`] for an unknown or
+// detached handle, [`FPROBE_E_OS`]. Thread-safe; not from a handler.
+int fprobe_patch_detach(uint64_t handle);
+
+// Writes the attached probe's counters to `*out`. Returns
+// [`FPROBE_E_NULL`], [`FPROBE_E_NOT_FOUND`].
+//
+// # Safety
+//
+// `out` is NULL or writable.
+int fprobe_patch_stats(uint64_t handle, struct fprobe_stats *out);
+
+// Lists the patchable functions (`-fpatchable-function-entry=7,5`) of
+// every loaded object: writes up to `cap` addresses, in address order,
+// to `out` (which may be NULL when `cap` is 0) and their number to
+// `*n_out` (call with `cap = 0` to size the array). Returns
+// [`FPROBE_E_NULL`], [`FPROBE_E_OS`] (an object's file could not be
+// read), or [`FPROBE_E_CAPACITY`] when there are more than `cap` (the
+// first `cap` are written).
+//
+// # Safety
+//
+// `out` points to `cap` writable `u64`s (or is NULL with `cap = 0`);
+// `n_out` is NULL or writable.
+int fprobe_patch_functions(uint64_t *out, size_t cap, size_t *n_out);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -64,6 +64,8 @@ use fprobe::rcu;
 
 #[cfg(feature = "cyg")]
 pub mod cyg;
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub mod patch;
 #[cfg(feature = "cyg")]
 pub use cyg::{fprobe_cyg_attach, fprobe_cyg_detach};
 
@@ -90,6 +92,13 @@ pub const FPROBE_E_DESTROYED: c_int = -5;
 pub const FPROBE_E_BUSY: c_int = -6;
 /// An internal error was caught at the ABI boundary (a bug: please report).
 pub const FPROBE_E_INTERNAL: c_int = -7;
+/// The patching runtime refused a function: not a patchable function of a
+/// loaded object, not the `-fpatchable-function-entry=7,5` layout, or its
+/// bytes are not the expected nops.
+pub const FPROBE_E_NOT_PATCHABLE: c_int = -8;
+/// A system call of the patching runtime failed (`mprotect`, `mmap`), or
+/// no stub page could be placed near the function's object.
+pub const FPROBE_E_OS: c_int = -9;
 
 /// Returned by an entry handler: do not call the exit handler for this
 /// call. Any other value (0 by convention) means "call it".
@@ -224,9 +233,21 @@ pub struct fprobe_stats {
     pub missed_disabled: u64,
 }
 
+impl From<fprobe::probe::ProbeStats> for fprobe_stats {
+    fn from(s: fprobe::probe::ProbeStats) -> Self {
+        fprobe_stats {
+            hits: s.hits,
+            exits: s.exits,
+            missed_recursion: s.missed.recursion,
+            missed_depth: s.missed.depth,
+            missed_disabled: s.missed.disabled,
+        }
+    }
+}
+
 /// The probe's `user` pointer and release callback, shared by its
 /// handlers; calls `release` when the last handler closure is dropped.
-struct User {
+pub(crate) struct User {
     user: *mut c_void,
     release: fprobe_release_fn,
     /// Set once registration succeeded: a failed registration leaves
@@ -257,6 +278,15 @@ impl UserPtr {
 unsafe impl Send for UserPtr {}
 // SAFETY: as for `User`.
 unsafe impl Sync for UserPtr {}
+
+impl User {
+    /// The registration succeeded: `release` runs when the last handler
+    /// closure is dropped.
+    pub(crate) fn arm(&self) {
+        // Release: pairs with the Acquire load in `User::drop`.
+        self.armed.store(true, Ordering::Release);
+    }
+}
 
 impl Drop for User {
     fn drop(&mut self) {
@@ -510,67 +540,86 @@ pub unsafe extern "C" fn fprobe_register(
             // SAFETY: as above.
             Some(unsafe { std::slice::from_raw_parts(cookies, n) })
         };
-        let user = Arc::new(User {
-            user: p.user,
-            release: p.release,
-            armed: AtomicBool::new(false),
-        });
-        let mut b = Fprobe::<EngineCtx>::builder().data_size(p.data_size);
-        if let Some(entry) = p.entry {
-            let (keep, up) = (user.clone(), UserPtr(p.user));
-            b = b.entry(move |ec| {
-                let _ = &keep; // owned by the closure: released with it
-                let (data, data_size) = if ec.data.is_empty() {
-                    (std::ptr::null_mut(), 0)
-                } else {
-                    (ec.data.as_mut_ptr().cast::<c_void>(), ec.data.len())
-                };
-                let mut c = fprobe_entry_ctx {
-                    addr: scalar(&ec.addr),
-                    ret_addr: scalar(&ec.ret_addr),
-                    cookie: scalar(&ec.cookie),
-                    engine_ctx: ec.ctx.0,
-                    data,
-                    data_size,
-                };
-                // SAFETY: the caller's handler with its own pointer and a
-                // context valid for the call.
-                if unsafe { entry(up.get(), &mut c) } == FPROBE_SKIP_EXIT {
-                    EntryAction::SkipExit
-                } else {
-                    EntryAction::Continue
-                }
-            });
-        }
-        if let Some(exit) = p.exit {
-            let (keep, up) = (user.clone(), UserPtr(p.user));
-            b = b.exit(move |xc| {
-                let _ = &keep;
-                // SAFETY: a valid, aligned reference (see `scalar`).
-                let data = unsafe { std::ptr::read_volatile(&xc.data) };
-                let c = fprobe_exit_ctx {
-                    addr: scalar(&xc.addr),
-                    ret_addr: scalar(&xc.ret_addr),
-                    cookie: scalar(&xc.cookie),
-                    engine_ctx: xc.ctx.0,
-                    data: data.as_ptr().cast::<c_void>(),
-                    data_size: data.len(),
-                };
-                // SAFETY: as for the entry handler.
-                unsafe { exit(up.get(), &c) };
-            });
-        }
+        let (probe, user) = c_probe::<EngineCtx>(p);
         let attach = addrs
             .iter()
             .enumerate()
             .map(|(i, &a)| (a, cookies.map_or(0, |c| c[i])));
-        let h = reg.register_with_cookies(b.build(), attach).map_err(code)?;
-        // Release: pairs with the Acquire load in `User::drop`.
-        user.armed.store(true, Ordering::Release);
+        let h = reg.register_with_cookies(probe, attach).map_err(code)?;
+        user.arm();
         // SAFETY: checked non-null; writable by the contract.
         unsafe { *handle_out = h.to_bits() };
         Ok(())
     })
+}
+
+/// What a context gives a C handler as `engine_ctx`.
+pub(crate) trait EnginePtr: Send + Sync + 'static {
+    fn engine_ptr(&self) -> *mut c_void;
+}
+
+impl EnginePtr for EngineCtx {
+    #[inline(always)]
+    fn engine_ptr(&self) -> *mut c_void {
+        self.0
+    }
+}
+
+/// A probe calling the C handlers of `p`, and their `user`, to
+/// [`arm`](User::arm) once the probe is registered (a failed registration
+/// leaves `user` with the caller, unreleased).
+pub(crate) fn c_probe<C: EnginePtr>(p: &fprobe_probe) -> (Fprobe<C>, Arc<User>) {
+    let user = Arc::new(User {
+        user: p.user,
+        release: p.release,
+        armed: AtomicBool::new(false),
+    });
+    let mut b = Fprobe::<C>::builder().data_size(p.data_size);
+    if let Some(entry) = p.entry {
+        let (keep, up) = (user.clone(), UserPtr(p.user));
+        b = b.entry(move |ec| {
+            let _ = &keep; // owned by the closure: released with it
+            let (data, data_size) = if ec.data.is_empty() {
+                (std::ptr::null_mut(), 0)
+            } else {
+                (ec.data.as_mut_ptr().cast::<c_void>(), ec.data.len())
+            };
+            let mut c = fprobe_entry_ctx {
+                addr: scalar(&ec.addr),
+                ret_addr: scalar(&ec.ret_addr),
+                cookie: scalar(&ec.cookie),
+                engine_ctx: ec.ctx.engine_ptr(),
+                data,
+                data_size,
+            };
+            // SAFETY: the caller's handler with its own pointer and a
+            // context valid for the call.
+            if unsafe { entry(up.get(), &mut c) } == FPROBE_SKIP_EXIT {
+                EntryAction::SkipExit
+            } else {
+                EntryAction::Continue
+            }
+        });
+    }
+    if let Some(exit) = p.exit {
+        let (keep, up) = (user.clone(), UserPtr(p.user));
+        b = b.exit(move |xc| {
+            let _ = &keep;
+            // SAFETY: a valid, aligned reference (see `scalar`).
+            let data = unsafe { std::ptr::read_volatile(&xc.data) };
+            let c = fprobe_exit_ctx {
+                addr: scalar(&xc.addr),
+                ret_addr: scalar(&xc.ret_addr),
+                cookie: scalar(&xc.cookie),
+                engine_ctx: xc.ctx.engine_ptr(),
+                data: data.as_ptr().cast::<c_void>(),
+                data_size: data.len(),
+            };
+            // SAFETY: as for the entry handler.
+            unsafe { exit(up.get(), &c) };
+        });
+    }
+    (b.build(), user)
 }
 
 /// Runs `f` on the live registry with the probe handle decoded.
@@ -658,15 +707,8 @@ pub unsafe extern "C" fn fprobe_probe_stats(
     // SAFETY: forwarded contract.
     unsafe {
         with_probe(r, handle, |reg, h| {
-            let s = reg.stats(h)?;
             // SAFETY: checked non-null; writable by the contract.
-            *out = fprobe_stats {
-                hits: s.hits,
-                exits: s.exits,
-                missed_recursion: s.missed.recursion,
-                missed_depth: s.missed.depth,
-                missed_disabled: s.missed.disabled,
-            };
+            *out = reg.stats(h)?.into();
             Ok(())
         })
     }
@@ -811,6 +853,8 @@ pub extern "C" fn fprobe_strerror(code: c_int) -> *const c_char {
         FPROBE_E_DESTROYED => b"the registry was destroyed\0",
         FPROBE_E_BUSY => b"not allowed here (inside a handler, or runtime attached elsewhere)\0",
         FPROBE_E_INTERNAL => b"internal error\0",
+        FPROBE_E_NOT_PATCHABLE => b"not a patchable function (-fpatchable-function-entry=7,5)\0",
+        FPROBE_E_OS => b"a system call of the patching runtime failed\0",
         _ => b"unknown status code\0",
     };
     s.as_ptr().cast()

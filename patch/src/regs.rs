@@ -12,14 +12,17 @@
 /// let r = fprobe_patch::Regs::default();
 /// assert_eq!(r.arg(0), 0);
 /// ```
+///
+/// The layout is fixed (`repr(C)`, 192 bytes, what the C ABI exposes as
+/// `fprobe_patch_regs`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Regs {
-    /// `rdi rsi rdx rcx r8 r9 rax r10` (the trampolines' store order:
-    /// `tramp.rs` writes these offsets).
-    pub(crate) gp: [u64; 8],
-    /// `xmm0`–`xmm7`.
-    pub(crate) xmm: [u128; 8],
+    /// `rdi rsi rdx rcx r8 r9 rax r10`, at offset 0 (the trampolines'
+    /// store order: `tramp.rs` writes these offsets).
+    pub gp: [u64; 8],
+    /// `xmm0`–`xmm7`, at offset 64.
+    pub xmm: [u128; 8],
 }
 
 const RAX: usize = 6;

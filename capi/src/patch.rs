@@ -1,0 +1,204 @@
+//! The patching runtime (`fprobe-patch`) through the C ABI: probes with C
+//! handlers attached at run time to functions compiled with
+//! `-fpatchable-function-entry=7,5`, on x86-64 Linux.
+//!
+//! Handlers are [`fprobe_probe`]s as for a registry; their
+//! `engine_ctx` points at the call's saved registers, a
+//! [`fprobe_patch_regs`], valid for the handler call: the argument
+//! registers at entry, the return registers at exit. Attached probes live
+//! in the runtime's one registry and are named by the handle
+//! [`fprobe_patch_attach`] returns.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::sync::Mutex;
+
+use fprobe_patch::{Attached, Error, Regs};
+
+use crate::{
+    EnginePtr, FPROBE_E_CAPACITY, FPROBE_E_INVALID, FPROBE_E_NOT_FOUND, FPROBE_E_NOT_PATCHABLE,
+    FPROBE_E_NULL, FPROBE_E_OS, c_probe, code, ffi, fprobe_probe, fprobe_stats,
+};
+
+/// A patched call's saved registers, what a handler's `engine_ctx`
+/// points at. At entry: the SysV argument registers; at exit: `rax`
+/// (`gp[6]`), `rdx` (`gp[2]`), `xmm0` and `xmm1` hold the return value,
+/// the rest is unspecified.
+#[repr(C)]
+pub struct fprobe_patch_regs {
+    /// `rdi rsi rdx rcx r8 r9 rax r10`.
+    pub gp: [u64; 8],
+    /// `xmm0`–`xmm7`, 16 bytes each (a `double` argument is the first 8).
+    pub xmm: [[u8; 16]; 8],
+}
+
+// The handlers get a `Regs` as a `fprobe_patch_regs`: same layout.
+const _: () = {
+    assert!(std::mem::size_of::<Regs>() == std::mem::size_of::<fprobe_patch_regs>());
+    assert!(std::mem::offset_of!(Regs, gp) == std::mem::offset_of!(fprobe_patch_regs, gp));
+    assert!(std::mem::offset_of!(Regs, xmm) == std::mem::offset_of!(fprobe_patch_regs, xmm));
+};
+
+impl EnginePtr for Regs {
+    #[inline(always)]
+    fn engine_ptr(&self) -> *mut c_void {
+        (self as *const Regs).cast_mut().cast()
+    }
+}
+
+/// Attached probes by handle.
+static ATTACHED: Mutex<(u64, Option<HashMap<u64, Attached>>)> = Mutex::new((0, None));
+
+fn patch_code(e: Error) -> c_int {
+    match e {
+        Error::NotASite(_)
+        | Error::UnsupportedLayout { .. }
+        | Error::UnexpectedBytes { .. }
+        | Error::Straddles(_) => FPROBE_E_NOT_PATCHABLE,
+        Error::OutOfReach { .. } | Error::Os { .. } | Error::Object { .. } => FPROBE_E_OS,
+        Error::Registry(e) => code(e),
+    }
+}
+
+/// Attaches `probe` to the `n` functions at `functions` (with `cookies[i]`
+/// for `functions[i]`, or 0 when `cookies` is NULL) and writes its handle
+/// to `*handle_out`. All or nothing: on error no function is patched and
+/// nothing is registered (`release` is not called).
+///
+/// Returns [`FPROBE_E_NULL`], [`FPROBE_E_INVALID`] (no handler, or a
+/// `data_size` above 64), [`FPROBE_E_NOT_PATCHABLE`] (a function that is
+/// not a `-fpatchable-function-entry=7,5` function of a loaded object),
+/// [`FPROBE_E_CAPACITY`] (4096 probes attached), [`FPROBE_E_OS`].
+/// Thread-safe; not from a handler.
+///
+/// # Safety
+///
+/// `probe` is NULL or valid; `functions` (and `cookies` if not NULL) point
+/// to `n` readable `u64`s; `handle_out` is NULL or writable; the handlers
+/// follow the crate's handler rules.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_patch_attach(
+    probe: *const fprobe_probe,
+    functions: *const u64,
+    cookies: *const u64,
+    n: usize,
+    handle_out: *mut u64,
+) -> c_int {
+    ffi(|| {
+        // SAFETY: NULL or valid, by the contract.
+        let p = unsafe { probe.as_ref() }.ok_or(FPROBE_E_NULL)?;
+        if handle_out.is_null() || (functions.is_null() && n > 0) {
+            return Err(FPROBE_E_NULL);
+        }
+        if p.entry.is_none() && p.exit.is_none() {
+            return Err(FPROBE_E_INVALID);
+        }
+        let fs: &[u64] = if n == 0 {
+            &[]
+        } else {
+            // SAFETY: `n` readable values, by the contract.
+            unsafe { std::slice::from_raw_parts(functions, n) }
+        };
+        let cs: Option<&[u64]> = if cookies.is_null() || n == 0 {
+            None
+        } else {
+            // SAFETY: as above.
+            Some(unsafe { std::slice::from_raw_parts(cookies, n) })
+        };
+        let (probe, user) = c_probe::<Regs>(p);
+        let with_cookies = fs
+            .iter()
+            .enumerate()
+            .map(|(i, &f)| (f, cs.map_or(0, |c| c[i])));
+        let a = fprobe_patch::attach_with_cookies(probe, with_cookies).map_err(patch_code)?;
+        user.arm();
+        let mut t = ATTACHED.lock().unwrap_or_else(|p| p.into_inner());
+        t.0 += 1;
+        let h = t.0;
+        t.1.get_or_insert_with(HashMap::new).insert(h, a);
+        // SAFETY: checked non-null; writable by the contract.
+        unsafe { *handle_out = h };
+        Ok(())
+    })
+}
+
+/// Detaches the probe `handle` names: when this returns none of its
+/// handlers runs or will run (one grace period), and functions no other
+/// attached probe uses run their entry nops again. The release callback
+/// runs afterwards. Returns [`FPROBE_E_NOT_FOUND`] for an unknown or
+/// detached handle, [`FPROBE_E_OS`]. Thread-safe; not from a handler.
+#[unsafe(no_mangle)]
+pub extern "C" fn fprobe_patch_detach(handle: u64) -> c_int {
+    ffi(|| {
+        let a = {
+            let mut t = ATTACHED.lock().unwrap_or_else(|p| p.into_inner());
+            t.1.as_mut()
+                .and_then(|m| m.remove(&handle))
+                .ok_or(FPROBE_E_NOT_FOUND)?
+        };
+        fprobe_patch::detach(a).map_err(patch_code)
+    })
+}
+
+/// Writes the attached probe's counters to `*out`. Returns
+/// [`FPROBE_E_NULL`], [`FPROBE_E_NOT_FOUND`].
+///
+/// # Safety
+///
+/// `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_patch_stats(handle: u64, out: *mut fprobe_stats) -> c_int {
+    ffi(|| {
+        if out.is_null() {
+            return Err(FPROBE_E_NULL);
+        }
+        let t = ATTACHED.lock().unwrap_or_else(|p| p.into_inner());
+        let a = t.1.as_ref().and_then(|m| m.get(&handle));
+        let s = a.ok_or(FPROBE_E_NOT_FOUND)?.stats();
+        // SAFETY: checked non-null; writable by the contract.
+        unsafe { *out = s.into() };
+        Ok(())
+    })
+}
+
+/// Lists the patchable functions (`-fpatchable-function-entry=7,5`) of
+/// every loaded object: writes up to `cap` addresses, in address order,
+/// to `out` (which may be NULL when `cap` is 0) and their number to
+/// `*n_out` (call with `cap = 0` to size the array). Returns
+/// [`FPROBE_E_NULL`], [`FPROBE_E_OS`] (an object's file could not be
+/// read), or [`FPROBE_E_CAPACITY`] when there are more than `cap` (the
+/// first `cap` are written).
+///
+/// # Safety
+///
+/// `out` points to `cap` writable `u64`s (or is NULL with `cap = 0`);
+/// `n_out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_patch_functions(
+    out: *mut u64,
+    cap: usize,
+    n_out: *mut usize,
+) -> c_int {
+    ffi(|| {
+        if n_out.is_null() || (out.is_null() && cap > 0) {
+            return Err(FPROBE_E_NULL);
+        }
+        let fs: Vec<u64> = fprobe_patch::sites()
+            .map_err(patch_code)?
+            .iter()
+            .filter(|s| s.layout == fprobe_patch::Layout::HotPatch)
+            .map(|s| s.function)
+            .collect();
+        for (i, &f) in fs.iter().take(cap).enumerate() {
+            // SAFETY: `i < cap` writable slots, by the contract.
+            unsafe { out.add(i).write(f) };
+        }
+        // SAFETY: checked non-null; writable by the contract.
+        unsafe { *n_out = fs.len() };
+        if fs.len() > cap {
+            Err(FPROBE_E_CAPACITY)
+        } else {
+            Ok(())
+        }
+    })
+}
