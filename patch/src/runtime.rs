@@ -128,12 +128,7 @@ impl State {
         }
         fs.sort_unstable();
         let module = &self.modules[m];
-        let stubs = crate::stubs::make(
-            &module.path,
-            module.code,
-            &fs,
-            tramp::entry_trampoline_addr(),
-        )?;
+        let stubs = crate::stubs::make(&module.path, module.code, &fs, tramp::trampolines())?;
         for (f, s) in fs.into_iter().zip(stubs) {
             self.functions.get_mut(&f).expect("listed above").stub = Some(s);
         }

@@ -1,28 +1,40 @@
 //! Per-site stubs, in pages mapped near their module so that a site's
 //! `jmp rel32` reaches its stub and the stub's `jmp rel32` reaches back.
 //!
-//! A page starts with the entry trampoline's address (for the stubs'
-//! `call [rip + disp]`); then one [`STUB`]-byte stub per site:
+//! A page starts with the entry and exit trampolines' addresses (for the
+//! stubs' `call [rip + disp]`); then one [`STUB`]-byte stub per site:
 //!
 //! ```text
-//! 49 bb <f: 8 bytes>     mov r11, f            ; the function, for the trampoline
-//! ff 15 <disp32>         call [entry trampoline]
-//! e9 <rel32>             jmp f+2               ; past the entry jump, into the body
-//! cc ...                 int3 padding
+//!       49 bb <f: 8 bytes>   mov r11, f          ; the function, for the trampoline
+//!       ff 15 <disp32>       call [entry]        ; r11 = 1: the exit is wanted
+//!       4d 85 db             test r11, r11
+//!       74 <rel8>            jz body
+//!       48 83 c4 08          add rsp, 8          ; the caller's return address, kept
+//!       e8 <rel32>           call f+2            ;   by the trampoline, gives its slot
+//!       ff 15 <disp32>       call [exit]         ;   to ours; r11 = where to go on
+//!       41 53                push r11
+//!       c3                   ret                 ; back to the function's caller
+//! body: e9 <rel32>           jmp f+2             ; past the entry jump, into the body
+//!       cc ...               int3 padding
 //! ```
 //!
-//! The stub is entered by a jump, so `[rsp]` is still the function's own
-//! return address when the trampoline runs, and the trampoline returns to
-//! the stub's `jmp` (a call and its return, which the processor predicts).
-//! Stubs are written while their pages are not executable and never
-//! change or get unmapped (a thread may be preempted inside one at any
-//! time).
+//! The stub is entered by a jump, so `[rsp]` is the function's own return
+//! address when the entry trampoline runs. A call with an exit to run
+//! calls the function's body from the stub with its own return address in
+//! the slot the caller's was in (the arguments on the stack stay where the
+//! function expects them), so the function returns into the stub, and the
+//! stub returns to the caller: every return goes where the processor's
+//! return-stack predictor expects, where overwriting the return address
+//! would cost a mispredicted return per call. Stubs are written while
+//! their pages are not executable and never change or get unmapped (a
+//! thread may be preempted inside one, or be inside the function it
+//! called, at any time).
 
 use crate::Error;
 use crate::text::jmp_rel32;
 
 /// Bytes per stub.
-pub(crate) const STUB: u64 = 32;
+pub(crate) const STUB: u64 = 48;
 /// Bytes before the first stub (the trampoline's address, padded).
 const HEADER: u64 = 16;
 const PAGE: u64 = 4096;
@@ -31,13 +43,13 @@ const PAGE: u64 = 4096;
 const REACH: u64 = 1 << 30;
 
 /// Maps stubs for `functions` (all in one module whose code spans
-/// `code`), each jumping to `entry` and back to its function + 2. Returns
-/// each function's stub address, in order.
+/// `code`), each calling the `entry` and `exit` trampolines and running
+/// its function from + 2. Returns each function's stub address, in order.
 pub(crate) fn make(
     module: &str,
     code: (u64, u64),
     functions: &[u64],
-    entry: u64,
+    (entry, exit): (u64, u64),
 ) -> Result<Vec<u64>, Error> {
     let len = (HEADER + STUB * functions.len() as u64).div_ceil(PAGE) * PAGE;
     let base = map_near(code, len).ok_or_else(|| Error::OutOfReach {
@@ -45,26 +57,18 @@ pub(crate) fn make(
     })?;
     let mut bytes = vec![0xccu8; len as usize];
     bytes[..8].copy_from_slice(&entry.to_le_bytes());
+    bytes[8..16].copy_from_slice(&exit.to_le_bytes());
     let mut out = Vec::with_capacity(functions.len());
     for (i, &f) in functions.iter().enumerate() {
         let at = base + HEADER + STUB * i as u64;
-        let b = &mut bytes[(at - base) as usize..][..STUB as usize];
-        b[0] = 0x49;
-        b[1] = 0xbb;
-        b[2..10].copy_from_slice(&f.to_le_bytes());
-        // call [rip + disp32]: rip is the next instruction, at + 16.
-        let disp = base as i64 - (at as i64 + 16);
-        b[10] = 0xff;
-        b[11] = 0x15;
-        b[12..16].copy_from_slice(&(disp as i32).to_le_bytes());
-        let Some(jmp) = jmp_rel32(at + 16, f + 2) else {
+        let Some(b) = stub(at, f, base, base + 8) else {
             // SAFETY: our own fresh mapping, nothing uses it yet.
             unsafe { libc::munmap(base as *mut libc::c_void, len as usize) };
             return Err(Error::OutOfReach {
                 module: module.to_string(),
             });
         };
-        b[16..21].copy_from_slice(&jmp);
+        bytes[(at - base) as usize..][..b.len()].copy_from_slice(&b);
         out.push(at);
     }
     // SAFETY: `base .. base + len` is our fresh read-write mapping.
@@ -82,6 +86,32 @@ pub(crate) fn make(
         }
     }
     Ok(out)
+}
+
+/// The stub for function `f` placed at `at`, with the trampolines'
+/// addresses at `entry_slot` and `exit_slot` (the layout in the module
+/// docs); `None` when `f + 2` is out of rel32 reach.
+fn stub(at: u64, f: u64, entry_slot: u64, exit_slot: u64) -> Option<Vec<u8>> {
+    // rel32 from the end of an instruction ending at `end`.
+    let rel = |end: u64, target: u64| i32::try_from(target as i64 - end as i64).ok();
+    let mut b = Vec::with_capacity(STUB as usize);
+    b.extend([0x49, 0xbb]);
+    b.extend(f.to_le_bytes());
+    b.extend([0xff, 0x15]);
+    b.extend(rel(at + 16, entry_slot)?.to_le_bytes());
+    b.extend([0x4d, 0x85, 0xdb]); // test r11, r11
+    b.extend([0x74, 18]); // jz body: over the next 18 bytes
+    b.extend([0x48, 0x83, 0xc4, 0x08]); // add rsp, 8
+    b.push(0xe8);
+    b.extend(rel(at + 30, f + 2)?.to_le_bytes());
+    b.extend([0xff, 0x15]);
+    b.extend(rel(at + 36, exit_slot)?.to_le_bytes());
+    b.extend([0x41, 0x53]); // push r11
+    b.push(0xc3); // ret
+    debug_assert_eq!(b.len(), 39);
+    b.extend(jmp_rel32(at + 39, f + 2)?);
+    debug_assert!(b.len() as u64 <= STUB);
+    Some(b)
 }
 
 /// A fresh read-write mapping of `len` bytes within [`REACH`] of `code`,

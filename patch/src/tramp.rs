@@ -96,13 +96,16 @@ pub fn prepare_thread() {
 }
 
 /// Called by the entry trampoline with the function, the address of its
-/// return address on the stack and the saved argument registers.
-extern "C" fn on_entry(function: u64, ret_slot: *mut u64, regs: *const Regs) {
+/// return address on the stack and the saved argument registers. Returns
+/// 1 when the call's exit is to be dispatched (its return address is kept
+/// on the return stack: the stub calls the function and then the exit
+/// trampoline), 0 otherwise.
+extern "C" fn on_entry(function: u64, ret_slot: *const u64, regs: *const Regs) -> u64 {
     let r = runtime::registry();
     let done = STACK.try_with(|s| {
         let t = s.top.get();
         if t == RETURN_DEPTH {
-            return false;
+            return None;
         }
         let buf = s.buf();
         s.top.set(t + 1);
@@ -116,31 +119,35 @@ extern "C" fn on_entry(function: u64, ret_slot: *mut u64, regs: *const Regs) {
         // SAFETY: the trampoline's save area, live for this call.
         let regs = unsafe { &*regs };
         if r.on_entry_for_exit(function, ret, regs) {
-            // SAFETY: `t < RETURN_DEPTH`, reserved above.
+            // SAFETY: `t < RETURN_DEPTH`, reserved above. The stub gives
+            // the slot to its own return address once we return; the exit
+            // trampoline finds entry `t` then.
             unsafe {
                 buf.add(t).write(Ret {
                     ret,
                     slot: ret_slot as u64,
                 })
             };
-            compiler_fence(Ordering::SeqCst);
-            // SAFETY: as above; from here the function returns into the
-            // exit trampoline, which finds entry `t`.
-            unsafe { *ret_slot = exit_trampoline_addr() };
+            Some(1)
         } else {
             compiler_fence(Ordering::SeqCst);
             s.top.set(t);
+            Some(0)
         }
-        true
     });
-    if done != Ok(true) {
-        // Relaxed: a statistic.
-        MISSED.fetch_add(1, Ordering::Relaxed);
+    match done {
+        Ok(Some(exit)) => exit,
+        _ => {
+            // Relaxed: a statistic.
+            MISSED.fetch_add(1, Ordering::Relaxed);
+            0
+        }
     }
 }
 
 /// Called by the exit trampoline with the saved return registers and the
-/// stack pointer after the function's `ret`; returns where to go on.
+/// stack pointer after the function's `ret` (one above the slot its return
+/// address was in); returns the caller's return address.
 extern "C" fn on_exit(regs: *const Regs, sp: u64) -> u64 {
     let slot = sp - 8;
     // SAFETY: the trampoline's save area, live for this call.
@@ -182,13 +189,12 @@ fn fatal(msg: &[u8]) -> ! {
     std::process::abort()
 }
 
-/// The entry trampoline's address (the stubs call it).
-pub(crate) fn entry_trampoline_addr() -> u64 {
-    fprobe_patch_entry as *const () as u64
-}
-
-fn exit_trampoline_addr() -> u64 {
-    fprobe_patch_exit as *const () as u64
+/// The entry and exit trampolines' addresses (the stubs call them).
+pub(crate) fn trampolines() -> (u64, u64) {
+    (
+        fprobe_patch_entry as *const () as u64,
+        fprobe_patch_exit as *const () as u64,
+    )
 }
 
 unsafe extern "C" {
@@ -204,18 +210,22 @@ unsafe extern "C" {
 // and the 192-byte `Regs` below it. Offsets: `Regs::gp` at 0
 // (rdi rsi rdx rcx r8 r9 rax r10), `Regs::xmm` at 64. rbx, rbp, r12–r15
 // are kept by the callee (rbp restored here); r11 and the flags are dead
-// at a function's entry.
+// at a function's entry. Returns `on_entry`'s answer in r11.
 //
-// The exit trampoline. Entered by the function's `ret`; saves rax, rdx,
-// xmm0, xmm1 (the return registers) into a `Regs` on an aligned stack,
-// passes it and the stack pointer at the `ret` to `on_exit`, and jumps to
-// the address that returns, through r11 (dead after a return).
+// The exit trampoline. Called by the stub once the function returned into
+// it: [rsp] is the stub's return address, rsp + 8 the stack pointer after
+// the function's `ret`. Saves rax, rdx, xmm0, xmm1 (the return registers)
+// into a `Regs` on an aligned stack, passes it and that stack pointer to
+// `on_exit`, and returns the caller's return address in r11 (dead after
+// a return).
 std::arch::global_asm!(
     ".pushsection .text.fprobe_patch,\"ax\",@progbits",
     ".globl fprobe_patch_entry",
     ".type fprobe_patch_entry,@function",
     ".p2align 4",
     "fprobe_patch_entry:",
+    // Reached by `call [..]`: a landing pad for indirect-branch tracking.
+    "endbr64",
     "push rbp",
     "mov rbp, rsp",
     "and rsp, -16",
@@ -241,6 +251,7 @@ std::arch::global_asm!(
     "lea rsi, [rbp + 16]",
     "mov rdx, rsp",
     "call {on_entry}",
+    "mov r11, rax",
     "mov rdi, [rsp + 0]",
     "mov rsi, [rsp + 8]",
     "mov rdx, [rsp + 16]",
@@ -266,6 +277,7 @@ std::arch::global_asm!(
     ".type fprobe_patch_exit,@function",
     ".p2align 4",
     "fprobe_patch_exit:",
+    "endbr64",
     "push rbp",
     "mov rbp, rsp",
     "and rsp, -16",
@@ -275,8 +287,9 @@ std::arch::global_asm!(
     "movaps [rsp + 64], xmm0",
     "movaps [rsp + 80], xmm1",
     "mov rdi, rsp",
-    // The stack pointer right after the function's `ret`.
-    "lea rsi, [rbp + 8]",
+    // [rbp + 8] the stub's return; rbp + 16 the stack pointer after the
+    // function's `ret`.
+    "lea rsi, [rbp + 16]",
     "call {on_exit}",
     "mov r11, rax",
     "mov rax, [rsp + 48]",
@@ -285,7 +298,7 @@ std::arch::global_asm!(
     "movaps xmm1, [rsp + 80]",
     "mov rsp, rbp",
     "pop rbp",
-    "jmp r11",
+    "ret",
     ".size fprobe_patch_exit, . - fprobe_patch_exit",
     ".popsection",
     on_entry = sym on_entry,
