@@ -106,9 +106,13 @@
 //!   registry; its thread's return stack is the parent's copy, whose
 //!   frames are the child's own. Threads created after attach are probed
 //!   from their first call.
-//! * **`dlclose`** of a library with attached sites: detach first. Its
-//!   stubs stay mapped (unreachable); [`sites`] reads the objects loaded
-//!   at the time of the call.
+//! * **`dlclose`** of a library with attached sites: detach first where you
+//!   can. A detach after the unload unregisters the probe and writes
+//!   nothing where the library was (nor into an object loaded there since:
+//!   only bytes holding the runtime's own entry jump are restored). Its
+//!   stubs stay mapped, unreachable; an attach scans the loaded objects
+//!   again when it meets a function it does not know or whose object is
+//!   gone. [`sites`] reads the objects loaded at the time of the call.
 //!
 //! # Examples
 //!

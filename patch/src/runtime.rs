@@ -85,32 +85,62 @@ struct Known {
 #[derive(Default)]
 struct State {
     modules: Vec<Module>,
+    /// Per module: still loaded at the last scan.
+    loaded: Vec<bool>,
     functions: HashMap<u64, Known>,
+}
+
+/// Whether `addr` lies in an object loaded now (`dladdr`): a function of
+/// an object `dlclose`d since the scan is not touched.
+fn mapped(addr: u64) -> bool {
+    // SAFETY: dladdr only reads the loader's tables; `info` is written.
+    unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        libc::dladdr(addr as *const libc::c_void, &mut info) != 0
+    }
 }
 
 impl State {
     /// Reads the loaded objects again, keeping what is known of objects
-    /// still loaded at the same place (their stubs, their users).
+    /// still loaded at the same place (their stubs, their users) and
+    /// forgetting the unused functions of objects unloaded since.
     fn rescan(&mut self) -> Result<(), Error> {
-        for m in sites::modules()? {
+        let now = sites::modules()?;
+        for (k, loaded) in self.modules.iter().zip(self.loaded.iter_mut()) {
+            *loaded = now.iter().any(|m| m.path == k.path && m.code == k.code);
+        }
+        let loaded = &self.loaded;
+        self.functions
+            .retain(|_, k| loaded[k.module] || k.users > 0);
+        for m in now {
             let known = self
                 .modules
                 .iter()
-                .any(|k| k.path == m.path && k.code == m.code);
+                .zip(&self.loaded)
+                .any(|(k, &l)| l && k.path == m.path && k.code == m.code);
             if known {
                 continue;
             }
             let i = self.modules.len();
             for s in sites::module_sites(&m)? {
-                self.functions.entry(s.function).or_insert(Known {
+                let fresh = Known {
                     module: i,
                     site: s.site,
                     layout: s.layout,
                     stub: None,
                     users: 0,
-                });
+                };
+                // A function of an unloaded object at the same address is
+                // replaced: its stub jumped into code that is gone.
+                match self.functions.get(&s.function) {
+                    Some(old) if self.loaded[old.module] => {}
+                    _ => {
+                        self.functions.insert(s.function, fresh);
+                    }
+                }
             }
             self.modules.push(m);
+            self.loaded.push(true);
         }
         Ok(())
     }
@@ -195,13 +225,17 @@ pub fn attach_with_cookies(
     with_cookies.dedup_by_key(|&mut (f, _)| f);
     let functions: Vec<u64> = with_cookies.iter().map(|&(f, _)| f).collect();
     let mut st = state().lock().unwrap_or_else(|p| p.into_inner());
-    if functions.iter().any(|f| !st.functions.contains_key(f)) {
+    let stale = |st: &State, f: &u64| st.functions.get(f).is_none_or(|k| !mapped(k.site));
+    if functions.iter().any(|f| stale(&st, f)) {
         st.rescan()?;
     }
     // Check every function before changing anything.
     let mut modules = Vec::new();
     for &f in &functions {
         let k = st.functions.get(&f).ok_or(Error::NotASite(f))?;
+        if !mapped(k.site) {
+            return Err(Error::NotASite(f));
+        }
         if k.layout != Layout::HotPatch {
             return Err(Error::UnsupportedLayout {
                 function: f,
@@ -288,6 +322,20 @@ pub fn detach(a: Attached) -> Result<(), Error> {
 /// Patches (`on`) or restores the entries of `functions`, in the steps
 /// of the crate docs, "Layout and patching".
 fn patch(st: &State, functions: &[u64], on: bool) -> Result<(), Error> {
+    // A detach after `dlclose` has nothing left to restore there (nor in
+    // an object loaded at the same place since).
+    let kept: Vec<u64>;
+    let functions = if on {
+        functions
+    } else {
+        kept = functions
+            .iter()
+            .copied()
+            // SAFETY: `mapped`: two readable bytes of a loaded object.
+            .filter(|&f| mapped(f) && unsafe { *(f as *const [u8; 2]) } == ENTRY_JMP)
+            .collect();
+        &kept[..]
+    };
     if functions.is_empty() {
         return Ok(());
     }

@@ -393,3 +393,42 @@ fn a_forked_child_runs_the_attached_probes() {
         (1, 1)
     );
 }
+
+/// `dlopen`s `libpt_dl.so`; returns the handle and `pt_dl_mul`.
+fn load_dl() -> (*mut libc::c_void, unsafe extern "C" fn(i32, i32) -> i32) {
+    let path = std::ffi::CString::new(env!("PT_DL_SO")).unwrap();
+    // SAFETY: a C string; the object has no constructors.
+    let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!h.is_null());
+    // SAFETY: a live handle and a C string.
+    let f = unsafe { libc::dlsym(h, c"pt_dl_mul".as_ptr()) };
+    assert!(!f.is_null());
+    // SAFETY: `pt_dl_mul` has this signature (c/dl.c).
+    (h, unsafe { std::mem::transmute::<*mut libc::c_void, _>(f) })
+}
+
+#[test]
+fn a_library_loaded_after_start_is_patched_and_detach_after_dlclose_is_safe() {
+    let _s = serial();
+    // Each round loads the object (often at the address it had before),
+    // attaches, calls, then detaches and unloads in one order or the other.
+    for detach_first in [false, true, false] {
+        let n = Arc::new(AtomicU64::new(0));
+        let (h, mul) = load_dl();
+        let a = attach(counting(&n), &[mul as *const () as u64]).unwrap();
+        assert_eq!(unsafe { mul(6, 7) }, 42);
+        assert_eq!(unsafe { mul(2, 3) }, 6);
+        assert_eq!(n.load(Ordering::Relaxed), 2, "both calls probed");
+        if detach_first {
+            detach(a).unwrap();
+            // SAFETY: nothing of the object is in use.
+            assert_eq!(unsafe { libc::dlclose(h) }, 0);
+        } else {
+            // SAFETY: nothing of the object runs; the runtime keeps only
+            // its addresses.
+            assert_eq!(unsafe { libc::dlclose(h) }, 0);
+            // Its code is gone: detach unregisters and writes nothing there.
+            detach(a).unwrap();
+        }
+    }
+}
