@@ -404,7 +404,9 @@ fn load_dl() -> (*mut libc::c_void, unsafe extern "C" fn(i32, i32) -> i32) {
     let f = unsafe { libc::dlsym(h, c"pt_dl_mul".as_ptr()) };
     assert!(!f.is_null());
     // SAFETY: `pt_dl_mul` has this signature (c/dl.c).
-    (h, unsafe { std::mem::transmute::<*mut libc::c_void, _>(f) })
+    (h, unsafe {
+        std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(i32, i32) -> i32>(f)
+    })
 }
 
 #[test]
