@@ -343,7 +343,7 @@ int fprobe_cyg_detach(void);
 // to `*handle_out`. All or nothing: on error no function is patched and
 // nothing is registered (`release` is not called).
 //
-// Returns [`FPROBE_E_NULL`], [`FPROBE_E_INVALID`] (no handler, or a
+// Returns [`FPROBE_E_NULL`], [`FPROBE_E_INVALID`](crate::FPROBE_E_INVALID) (no handler, or a
 // `data_size` above 64), [`FPROBE_E_NOT_PATCHABLE`] (a function that is
 // not a `-fpatchable-function-entry=7,5` function of a loaded object),
 // [`FPROBE_E_CAPACITY`] (4096 probes attached), [`FPROBE_E_OS`].

@@ -518,39 +518,64 @@ pub unsafe extern "C" fn fprobe_register(
     handle_out: *mut u64,
 ) -> c_int {
     ffi(|| {
-        // SAFETY: NULL or valid, by the contract.
-        let p = unsafe { probe.as_ref() }.ok_or(FPROBE_E_NULL)?;
-        if handle_out.is_null() || (addrs.is_null() && n > 0) {
-            return Err(FPROBE_E_NULL);
-        }
-        if p.entry.is_none() && p.exit.is_none() {
-            return Err(FPROBE_E_INVALID);
-        }
+        // SAFETY: the pointers as the contract says.
+        let (p, attach) = unsafe { c_attach_args(probe, addrs, cookies, n, handle_out) }?;
         // SAFETY: as above.
         let reg = unsafe { control(r) }?;
-        let addrs: &[u64] = if n == 0 {
-            &[]
-        } else {
-            // SAFETY: `n` readable values, by the contract.
-            unsafe { std::slice::from_raw_parts(addrs, n) }
-        };
-        let cookies: Option<&[u64]> = if cookies.is_null() || n == 0 {
-            None
-        } else {
-            // SAFETY: as above.
-            Some(unsafe { std::slice::from_raw_parts(cookies, n) })
-        };
         let (probe, user) = c_probe::<EngineCtx>(p);
-        let attach = addrs
-            .iter()
-            .enumerate()
-            .map(|(i, &a)| (a, cookies.map_or(0, |c| c[i])));
         let h = reg.register_with_cookies(probe, attach).map_err(code)?;
         user.arm();
         // SAFETY: checked non-null; writable by the contract.
         unsafe { *handle_out = h.to_bits() };
         Ok(())
     })
+}
+
+/// `(address, cookie)` pairs to attach a probe to.
+pub(crate) type Attachments = Vec<(u64, u64)>;
+
+/// The arguments of an attach through the C ABI, checked: the probe (with
+/// a handler) and its `(address, cookie)` pairs (cookie 0 when `cookies`
+/// is NULL). [`FPROBE_E_NULL`] for a NULL `probe` or `handle_out`, or NULL
+/// addresses with `n > 0`; [`FPROBE_E_INVALID`] for a probe without
+/// handlers.
+///
+/// # Safety
+///
+/// `probe` is NULL or valid; `addrs` (and `cookies` if not NULL) point to
+/// `n` readable `u64`s.
+pub(crate) unsafe fn c_attach_args<'a>(
+    probe: *const fprobe_probe,
+    addrs: *const u64,
+    cookies: *const u64,
+    n: usize,
+    handle_out: *mut u64,
+) -> Result<(&'a fprobe_probe, Attachments), c_int> {
+    // SAFETY: NULL or valid, by the contract.
+    let p = unsafe { probe.as_ref() }.ok_or(FPROBE_E_NULL)?;
+    if handle_out.is_null() || (addrs.is_null() && n > 0) {
+        return Err(FPROBE_E_NULL);
+    }
+    if p.entry.is_none() && p.exit.is_none() {
+        return Err(FPROBE_E_INVALID);
+    }
+    if n == 0 {
+        return Ok((p, Vec::new()));
+    }
+    // SAFETY: `n` readable values, by the contract.
+    let addrs = unsafe { std::slice::from_raw_parts(addrs, n) };
+    let cookies: Option<&[u64]> = if cookies.is_null() {
+        None
+    } else {
+        // SAFETY: as above.
+        Some(unsafe { std::slice::from_raw_parts(cookies, n) })
+    };
+    let pairs = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| (a, cookies.map_or(0, |c| c[i])))
+        .collect();
+    Ok((p, pairs))
 }
 
 /// What a context gives a C handler as `engine_ctx`.

@@ -16,8 +16,8 @@ use std::sync::Mutex;
 use fprobe_patch::{Attached, Error, Regs};
 
 use crate::{
-    EnginePtr, FPROBE_E_CAPACITY, FPROBE_E_INVALID, FPROBE_E_NOT_FOUND, FPROBE_E_NOT_PATCHABLE,
-    FPROBE_E_NULL, FPROBE_E_OS, c_probe, code, ffi, fprobe_probe, fprobe_stats,
+    EnginePtr, FPROBE_E_CAPACITY, FPROBE_E_NOT_FOUND, FPROBE_E_NOT_PATCHABLE, FPROBE_E_NULL,
+    FPROBE_E_OS, c_attach_args, c_probe, code, ffi, fprobe_probe, fprobe_stats,
 };
 
 /// A patched call's saved registers, what a handler's `engine_ctx`
@@ -65,7 +65,7 @@ fn patch_code(e: Error) -> c_int {
 /// to `*handle_out`. All or nothing: on error no function is patched and
 /// nothing is registered (`release` is not called).
 ///
-/// Returns [`FPROBE_E_NULL`], [`FPROBE_E_INVALID`] (no handler, or a
+/// Returns [`FPROBE_E_NULL`], [`FPROBE_E_INVALID`](crate::FPROBE_E_INVALID) (no handler, or a
 /// `data_size` above 64), [`FPROBE_E_NOT_PATCHABLE`] (a function that is
 /// not a `-fpatchable-function-entry=7,5` function of a loaded object),
 /// [`FPROBE_E_CAPACITY`] (4096 probes attached), [`FPROBE_E_OS`].
@@ -85,31 +85,9 @@ pub unsafe extern "C" fn fprobe_patch_attach(
     handle_out: *mut u64,
 ) -> c_int {
     ffi(|| {
-        // SAFETY: NULL or valid, by the contract.
-        let p = unsafe { probe.as_ref() }.ok_or(FPROBE_E_NULL)?;
-        if handle_out.is_null() || (functions.is_null() && n > 0) {
-            return Err(FPROBE_E_NULL);
-        }
-        if p.entry.is_none() && p.exit.is_none() {
-            return Err(FPROBE_E_INVALID);
-        }
-        let fs: &[u64] = if n == 0 {
-            &[]
-        } else {
-            // SAFETY: `n` readable values, by the contract.
-            unsafe { std::slice::from_raw_parts(functions, n) }
-        };
-        let cs: Option<&[u64]> = if cookies.is_null() || n == 0 {
-            None
-        } else {
-            // SAFETY: as above.
-            Some(unsafe { std::slice::from_raw_parts(cookies, n) })
-        };
+        // SAFETY: the pointers as the contract says.
+        let (p, with_cookies) = unsafe { c_attach_args(probe, functions, cookies, n, handle_out) }?;
         let (probe, user) = c_probe::<Regs>(p);
-        let with_cookies = fs
-            .iter()
-            .enumerate()
-            .map(|(i, &f)| (f, cs.map_or(0, |c| c[i])));
         let a = fprobe_patch::attach_with_cookies(probe, with_cookies).map_err(patch_code)?;
         user.arm();
         let mut t = ATTACHED.lock().unwrap_or_else(|p| p.into_inner());
