@@ -14,8 +14,9 @@
 //!
 //! 1. **Stub.** Every site of a module gets a 48-byte stub in a page
 //!    mapped within ±2 GiB of the module, which calls the entry trampoline
-//!    with `f` and then either jumps to `f+2` or, when the call's exit is
-//!    wanted, calls `f+2` and then the exit trampoline (`stubs.rs`).
+//!    and then either jumps to `f+2` or, when the call's exit is wanted,
+//!    calls `f+2` and then the exit trampoline (`stubs.rs`). It changes no
+//!    register but the flags.
 //!    Stubs are written once, before any site can reach them, and never
 //!    change or go away.
 //! 2. **Prefix.** The five bytes before `f` become `jmp stub` (`e9 rel32`).
@@ -47,9 +48,11 @@
 //!
 //! # Trampolines and the return stack
 //!
-//! The entry trampoline saves the argument registers of the SysV ABI
-//! (`rdi rsi rdx rcx r8 r9`, `rax` for variadic calls, `r10`, `xmm0`–`xmm7`)
-//! into a [`Regs`], which the handlers see as their context, and calls
+//! The entry trampoline saves every caller-saved register (a caller may
+//! keep values in some across the call when its compiler knows the callee
+//! leaves them alone), the SysV argument registers (`rdi rsi rdx rcx r8
+//! r9`, `rax` for variadic calls, `r10`, `xmm0`–`xmm7`) into a [`Regs`],
+//! which the handlers see as their context, and calls
 //! [`fprobe::probe::Registry::on_entry_for_exit`]. When that keeps a frame
 //! (some probe has an exit handler to run), the caller's return address
 //! is pushed on the thread's **return stack** with the address of its
@@ -59,9 +62,10 @@
 //! processor predicts it will (overwriting the return address with a
 //! trampoline's, as the kernel's fgraph and uftrace do, costs a
 //! mispredicted return per call: 7 ns of 58 in the SQLite profile). The
-//! stub then calls the exit trampoline, which saves the return registers
-//! (`rax rdx xmm0 xmm1`), runs the probe layer's exit and hands back the
-//! caller's return address, and the stub returns there.
+//! stub then calls the exit trampoline, which saves every caller-saved
+//! register again (the return value in `rax rdx xmm0 xmm1`), runs the
+//! probe layer's exit and puts the caller's return address back in its
+//! slot, and the stub returns there.
 //!
 //! The return stack follows the probe layer's rule against signals: an
 //! entry reserves its word (raises `top`) before anything a signal handler
@@ -99,9 +103,21 @@
 //!   to the one the caller pushed), so a hardware shadow stack stays
 //!   balanced, and the trampolines start with `endbr64`. Not tested here:
 //!   no CET-enabled process was at hand.
+//! * **Stack switching** (`ucontext`, coroutine libraries) across a call
+//!   with an exit probe breaks the return stack's order: the exit finds
+//!   another stack's entry on top and the process aborts. Use entry
+//!   probes only on functions a coroutine may switch out of.
+//! * **`long double` returns** (`st0`) stay on the x87 stack while the
+//!   exit handlers run and are not in [`Regs`]; handlers must not use x87
+//!   code (Rust and C handlers do not, unless they compute in `long
+//!   double`).
+//! * **`-fcf-protection`** (the default of some distributions' compilers)
+//!   puts `endbr64` before the entry nops: such functions are listed with
+//!   [`Layout::Other`] and refused, never patched.
 //! * **Vector arguments wider than 128 bits** (`__m256`, `__m512` by value)
-//!   are not preserved above their low 128 bits if a handler touches the
-//!   upper halves (the trampoline saves `xmm`, not `ymm`/`zmm`).
+//!   and return values are not preserved above their low 128 bits if a
+//!   handler touches the upper halves, as any libc call may (`vzeroupper`):
+//!   the trampolines save `xmm`, not `ymm`/`zmm`.
 //! * **`fork`** after attach: the child inherits the patched code and the
 //!   registry; its thread's return stack is the parent's copy, whose
 //!   frames are the child's own. Threads created after attach are probed
@@ -112,7 +128,12 @@
 //!   only bytes holding the runtime's own entry jump are restored). Its
 //!   stubs stay mapped, unreachable; an attach scans the loaded objects
 //!   again when it meets a function it does not know or whose object is
-//!   gone. [`sites`] reads the objects loaded at the time of the call.
+//!   gone or was loaded again, and counts users per loaded copy, so a
+//!   stale attachment neither blocks nor unpatches a new copy. Probes are
+//!   keyed by address, though: one still attached to an unloaded copy
+//!   also runs for a new copy's function at the same address until it is
+//!   detached. [`sites`] reads the objects loaded at the time of the call
+//!   and skips one whose file on disk no longer matches what is loaded.
 //!
 //! # Examples
 //!

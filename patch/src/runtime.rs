@@ -15,7 +15,7 @@ use fprobe::probe::{Fprobe, ProbeHandle, ProbeStats, Registry};
 
 use crate::sites::{self, Layout, Module};
 use crate::text::{self, ENTRY_JMP, ENTRY_NOPS, PREFIX_NOPS};
-use crate::{Error, Regs, tramp};
+use crate::{Error, Regs, stubs, tramp};
 
 /// The runtime's registry: every probe [`attach`] registers lives here.
 /// Use it for [`Registry::stats`], [`Registry::enable`] and
@@ -51,6 +51,9 @@ pub fn missed() -> u64 {
 pub struct Attached {
     handle: ProbeHandle,
     functions: Vec<u64>,
+    /// Per function, which loaded copy of it was patched (`Known::copy`):
+    /// a library unloaded and loaded again at the same place is another.
+    copies: Vec<u64>,
 }
 
 impl Attached {
@@ -80,6 +83,26 @@ struct Known {
     stub: Option<u64>,
     /// Attached probes using it.
     users: u32,
+    /// Tells this loaded copy of the function from one of an object loaded
+    /// at the same place after this one was unloaded.
+    copy: u64,
+}
+
+/// The two entry bytes at `f`, if its object is loaded.
+fn entry_bytes(f: u64) -> Option<[u8; 2]> {
+    // SAFETY: `mapped`: two readable bytes of a loaded object; volatile,
+    // as the code may be changing under other threads' feet.
+    mapped(f).then(|| unsafe { std::ptr::read_volatile(f as *const [u8; 2]) })
+}
+
+/// Whether what is known of `k` (at `f`) no longer describes the code
+/// there: its object is gone, or was loaded again (a patched function that
+/// shows its nops).
+fn outdated(f: u64, k: &Known) -> bool {
+    match entry_bytes(f) {
+        None => true,
+        Some(b) => k.users > 0 && b != ENTRY_JMP,
+    }
 }
 
 #[derive(Default)]
@@ -88,6 +111,40 @@ struct State {
     /// Per module: still loaded at the last scan.
     loaded: Vec<bool>,
     functions: HashMap<u64, Known>,
+    /// Functions of unloaded objects that attached probes still count as
+    /// used, by (address, copy): their detach has nothing to restore.
+    orphans: HashMap<(u64, u64), Known>,
+    /// The next `Known::copy`.
+    copies: u64,
+}
+
+/// Per module, whether it is still loaded: the same path with its code at
+/// the same place, from one `dl_iterate_phdr` walk (no file read).
+#[derive(Default)]
+struct ModulesPresent(Option<Vec<(String, (u64, u64))>>);
+
+impl ModulesPresent {
+    fn check(&mut self, st: &State, module: usize) -> bool {
+        let now = self.0.get_or_insert_with(|| {
+            sites::loaded()
+                .into_iter()
+                .map(|(path, _, _, code)| (path, code))
+                .collect()
+        });
+        let m = &st.modules[module];
+        now.iter().any(|(p, c)| **p == *m.path && *c == m.code)
+    }
+}
+
+/// The two bytes at `at`.
+///
+/// # Safety
+///
+/// `at .. at + 2` is mapped and readable.
+unsafe fn read2(at: u64) -> [u8; 2] {
+    // SAFETY: by the caller's contract; volatile, as the code may be
+    // changing under other threads' feet.
+    unsafe { std::ptr::read_volatile(at as *const [u8; 2]) }
 }
 
 /// Whether `addr` lies in an object loaded now (`dladdr`): a function of
@@ -102,16 +159,34 @@ fn mapped(addr: u64) -> bool {
 
 impl State {
     /// Reads the loaded objects again, keeping what is known of objects
-    /// still loaded at the same place (their stubs, their users) and
-    /// forgetting the unused functions of objects unloaded since.
+    /// still loaded at the same place (their stubs, their users). A
+    /// function of an object unloaded (or unloaded and loaded again) since
+    /// is forgotten, or kept as an orphan while attached probes count it.
     fn rescan(&mut self) -> Result<(), Error> {
         let now = sites::modules()?;
-        for (k, loaded) in self.modules.iter().zip(self.loaded.iter_mut()) {
-            *loaded = now.iter().any(|m| m.path == k.path && m.code == k.code);
+        // Reloaded: an attached function there shows its nops again.
+        let mut reloaded = vec![false; self.modules.len()];
+        for (&f, k) in &self.functions {
+            if k.users > 0 && !reloaded[k.module] && outdated(f, k) {
+                reloaded[k.module] = true;
+            }
         }
-        let loaded = &self.loaded;
-        self.functions
-            .retain(|_, k| loaded[k.module] || k.users > 0);
+        for (i, k) in self.modules.iter().enumerate() {
+            let present = now.iter().any(|m| m.path == k.path && m.code == k.code);
+            self.loaded[i] = present && !reloaded[i];
+        }
+        let gone: Vec<u64> = self
+            .functions
+            .iter()
+            .filter(|(_, k)| !self.loaded[k.module])
+            .map(|(&f, _)| f)
+            .collect();
+        for f in gone {
+            let k = self.functions.remove(&f).expect("listed above");
+            if k.users > 0 {
+                self.orphans.insert((f, k.copy), k);
+            }
+        }
         for m in now {
             let known = self
                 .modules
@@ -122,25 +197,24 @@ impl State {
                 continue;
             }
             let i = self.modules.len();
-            for s in sites::module_sites(&m)? {
+            let sites = sites::module_sites(&m)?;
+            self.modules.push(m);
+            self.loaded.push(true);
+            for s in sites {
+                if self.functions.contains_key(&s.function) {
+                    continue; // a loaded object's, listed twice
+                }
+                self.copies += 1;
                 let fresh = Known {
                     module: i,
                     site: s.site,
                     layout: s.layout,
                     stub: None,
                     users: 0,
+                    copy: self.copies,
                 };
-                // A function of an unloaded object at the same address is
-                // replaced: its stub jumped into code that is gone.
-                match self.functions.get(&s.function) {
-                    Some(old) if self.loaded[old.module] => {}
-                    _ => {
-                        self.functions.insert(s.function, fresh);
-                    }
-                }
+                self.functions.insert(s.function, fresh);
             }
-            self.modules.push(m);
-            self.loaded.push(true);
         }
         Ok(())
     }
@@ -158,8 +232,8 @@ impl State {
         }
         fs.sort_unstable();
         let module = &self.modules[m];
-        let stubs = crate::stubs::make(&module.path, module.code, &fs, tramp::trampolines())?;
-        for (f, s) in fs.into_iter().zip(stubs) {
+        let made = stubs::make(&module.path, module.code, &fs, tramp::trampolines())?;
+        for (f, s) in fs.into_iter().zip(made) {
             self.functions.get_mut(&f).expect("listed above").stub = Some(s);
         }
         Ok(())
@@ -225,15 +299,25 @@ pub fn attach_with_cookies(
     with_cookies.dedup_by_key(|&mut (f, _)| f);
     let functions: Vec<u64> = with_cookies.iter().map(|&(f, _)| f).collect();
     let mut st = state().lock().unwrap_or_else(|p| p.into_inner());
-    let stale = |st: &State, f: &u64| st.functions.get(f).is_none_or(|k| !mapped(k.site));
-    if functions.iter().any(|f| stale(&st, f)) {
+    // Whether each module still has something loaded where it was: one
+    // `dladdr` per module, not per function.
+    let mut present = ModulesPresent::default();
+    let stale = |st: &State, present: &mut ModulesPresent, f: u64| {
+        st.functions.get(&f).is_none_or(|k| {
+            !present.check(st, k.module)
+                // SAFETY: the module's code is mapped (checked just before).
+                || (k.users > 0 && unsafe { read2(f) } != ENTRY_JMP)
+        })
+    };
+    if functions.iter().any(|&f| stale(&st, &mut present, f)) {
         st.rescan()?;
+        present = ModulesPresent::default();
     }
     // Check every function before changing anything.
     let mut modules = Vec::new();
     for &f in &functions {
         let k = st.functions.get(&f).ok_or(Error::NotASite(f))?;
-        if !mapped(k.site) {
+        if !present.check(&st, k.module) {
             return Err(Error::NotASite(f));
         }
         if k.layout != Layout::HotPatch {
@@ -249,8 +333,10 @@ pub fn attach_with_cookies(
         let found = unsafe { text::read7(k.site) };
         let prefix_ok = found[..5] == PREFIX_NOPS
             || (found[0] == 0xe9
-                && k.stub
-                    .is_some_and(|s| text::jmp_rel32(k.site, s).is_some_and(|j| found[..5] == j)));
+                && k.stub.is_some_and(|s| {
+                    text::jmp_rel32(k.site, s + stubs::ENTRY_OFFSET)
+                        .is_some_and(|j| found[..5] == j)
+                }));
         let entry_ok = if k.users == 0 {
             found[5..] == ENTRY_NOPS
         } else {
@@ -278,10 +364,17 @@ pub fn attach_with_cookies(
             .expect("registered just above");
         return Err(e);
     }
+    let mut copies = Vec::with_capacity(functions.len());
     for f in &functions {
-        st.functions.get_mut(f).expect("checked").users += 1;
+        let k = st.functions.get_mut(f).expect("checked");
+        k.users += 1;
+        copies.push(k.copy);
     }
-    Ok(Attached { handle, functions })
+    Ok(Attached {
+        handle,
+        functions,
+        copies,
+    })
 }
 
 /// Detaches a probe: unregisters it (when this returns none of its
@@ -300,14 +393,26 @@ pub fn detach(a: Attached) -> Result<(), Error> {
         .expect("attached probes stay registered until detached");
     let mut st = state().lock().unwrap_or_else(|p| p.into_inner());
     let mut idle = Vec::new();
-    for f in &a.functions {
-        let k = st
-            .functions
-            .get_mut(f)
-            .expect("attached functions are known");
-        k.users -= 1;
-        if k.users == 0 {
-            idle.push(*f);
+    for (&f, &copy) in a.functions.iter().zip(&a.copies) {
+        match st.functions.get_mut(&f) {
+            Some(k) if k.copy == copy => {
+                k.users -= 1;
+                if k.users == 0 {
+                    idle.push(f);
+                }
+            }
+            // Its object was unloaded since: nothing to restore.
+            _ => {
+                let key = (f, copy);
+                let o = st
+                    .orphans
+                    .get_mut(&key)
+                    .expect("attached functions are known");
+                o.users -= 1;
+                if o.users == 0 {
+                    st.orphans.remove(&key);
+                }
+            }
         }
     }
     let r = patch(&st, &idle, false);
@@ -323,16 +428,21 @@ pub fn detach(a: Attached) -> Result<(), Error> {
 /// of the crate docs, "Layout and patching".
 fn patch(st: &State, functions: &[u64], on: bool) -> Result<(), Error> {
     // A detach after `dlclose` has nothing left to restore there (nor in
-    // an object loaded at the same place since).
+    // an object loaded at the same place since: only the runtime's own
+    // jump is undone).
     let kept: Vec<u64>;
     let functions = if on {
         functions
     } else {
+        let mut present = ModulesPresent::default();
         kept = functions
             .iter()
             .copied()
-            // SAFETY: `mapped`: two readable bytes of a loaded object.
-            .filter(|&f| mapped(f) && unsafe { *(f as *const [u8; 2]) } == ENTRY_JMP)
+            .filter(|f| {
+                present.check(st, st.functions[f].module)
+                    // SAFETY: the module's code is mapped (checked just before).
+                    && unsafe { read2(*f) } == ENTRY_JMP
+            })
             .collect();
         &kept[..]
     };
@@ -352,8 +462,10 @@ fn patch(st: &State, functions: &[u64], on: bool) -> Result<(), Error> {
             .map(|&f| {
                 let k = &st.functions[&f];
                 let stub = k.stub.expect("stubs made before patching");
-                let jmp = text::jmp_rel32(k.site, stub).ok_or_else(|| Error::OutOfReach {
-                    module: st.modules[k.module].path.to_string(),
+                let jmp = text::jmp_rel32(k.site, stub + stubs::ENTRY_OFFSET).ok_or_else(|| {
+                    Error::OutOfReach {
+                        module: st.modules[k.module].path.to_string(),
+                    }
                 })?;
                 Ok((k.site, jmp))
             })

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::ffi::CStr;
 use std::sync::Arc;
 
-use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use crate::Error;
 
@@ -96,6 +96,45 @@ type Loaded = (String, u64, Vec<(u64, u64, i32)>);
 /// The loaded objects with their segments (from `dl_iterate_phdr`) and
 /// the place of their entry sections (from their files).
 pub(crate) fn modules() -> Result<Vec<Module>, Error> {
+    let mut out = Vec::new();
+    for (path, bias, segments, code) in loaded() {
+        // The vDSO and objects whose file is gone have nothing to read.
+        let Ok(data) = std::fs::read(&path) else {
+            continue;
+        };
+        let Ok(file) = object::File::parse(&*data) else {
+            continue;
+        };
+        // The file must be the one loaded (not replaced on disk since):
+        // its PT_LOAD segments are the loaded ones.
+        let same = file.segments().all(|seg| {
+            let (a, len) = (seg.address() + bias, seg.size());
+            segments.iter().any(|&(s, e, _)| s == a && e - s == len)
+        });
+        if !same {
+            continue;
+        }
+        let entries = file
+            .section_by_name("__patchable_function_entries")
+            .map(|s| (s.address() + bias, s.size()));
+        out.push(Module {
+            path: path.into(),
+            code,
+            segments,
+            entries,
+        });
+    }
+    Ok(out)
+}
+
+/// One loaded object: path, load bias, segments `(start, end, PROT_*)`,
+/// code span.
+pub(crate) type LoadedNow = (String, u64, Vec<(u64, u64, i32)>, (u64, u64));
+
+/// The objects loaded now with code, from `dl_iterate_phdr` alone (no
+/// file read): path, load bias, `PT_LOAD` segments at their addresses,
+/// and the span of the executable ones.
+pub(crate) fn loaded() -> Vec<LoadedNow> {
     let mut raw: Vec<Loaded> = Vec::new();
     // SAFETY: the callback only reads the `dl_phdr_info` it is given
     // (valid during the call, by dl_iterate_phdr's contract) and pushes
@@ -118,27 +157,11 @@ pub(crate) fn modules() -> Result<Vec<Module>, Error> {
             .iter()
             .filter(|&&(_, _, p)| p & libc::PROT_EXEC != 0)
             .fold((u64::MAX, 0), |(lo, hi), &(s, e, _)| (lo.min(s), hi.max(e)));
-        if code.0 >= code.1 {
-            continue;
+        if code.0 < code.1 {
+            out.push((path, bias, segments, code));
         }
-        // The vDSO and objects whose file is gone have nothing to read.
-        let Ok(data) = std::fs::read(&path) else {
-            continue;
-        };
-        let Ok(file) = object::File::parse(&*data) else {
-            continue;
-        };
-        let entries = file
-            .section_by_name("__patchable_function_entries")
-            .map(|s| (s.address() + bias, s.size()));
-        out.push(Module {
-            path: path.into(),
-            code,
-            segments,
-            entries,
-        });
     }
-    Ok(out)
+    out
 }
 
 /// `dl_iterate_phdr` callback: records one object's name, load bias and
@@ -191,6 +214,15 @@ pub(crate) fn module_sites(m: &Module) -> Result<Vec<Site>, Error> {
         path: m.path.to_string(),
         why,
     };
+    if !m
+        .segments
+        .iter()
+        .any(|&(s, e, _)| s <= at && at.saturating_add(size) <= e)
+    {
+        return Err(object_err(
+            "entry section outside the loaded segments".into(),
+        ));
+    }
     let data = std::fs::read(&*m.path).map_err(|e| object_err(e.to_string()))?;
     let file = object::File::parse(&*data).map_err(|e| object_err(e.to_string()))?;
     // The load bias: the section's file address against its address here.
@@ -223,18 +255,28 @@ pub(crate) fn module_sites(m: &Module) -> Result<Vec<Site>, Error> {
         if site < m.code.0 || site + 7 > m.code.1 {
             continue; // not relocated into this object's code: skip it
         }
-        // The function: the first symbol at or after the site, within the
-        // nops a site can have before it.
-        let (function, name, layout) = match funcs.range(site..=site + 64).next() {
+        // The function: a symbol reached from the site over nops only (or
+        // over this runtime's prefix jump), no further than a site's nops
+        // can reach. A site whose function has no symbol (a static
+        // function of a stripped object) is not given the next one.
+        let code_end = m.code.1;
+        let byte = |a: u64| -> u8 {
+            if a >= code_end {
+                return 0;
+            }
+            // SAFETY: inside the object's executable segments (checked
+            // against `code`); volatile, as a patch may be storing there.
+            unsafe { std::ptr::read_volatile(a as *const u8) }
+        };
+        let candidate = funcs.range(site..=site + 16).next().filter(|&(&f, _)| {
+            let ours = f == site + 5 && byte(site) == 0xe9;
+            ours || (site..f).all(|a| byte(a) == 0x90)
+        });
+        let (function, name, layout) = match candidate {
             Some((&f, (_, name))) => {
                 let before = (f - site) as u8;
-                // SAFETY: inside the object's code segment (checked above;
-                // the nops at the function follow the site).
-                let at = (0..8)
-                    .take_while(|&k| unsafe { *((f + k) as *const u8) } == 0x90)
-                    .count() as u8;
-                // SAFETY: as above.
-                let ours = unsafe { *(f as *const [u8; 2]) } == crate::text::ENTRY_JMP;
+                let at = (0..8).take_while(|&k| byte(f + k) == 0x90).count() as u8;
+                let ours = [byte(f), byte(f + 1)] == crate::text::ENTRY_JMP;
                 let layout = if before == 5 && (at >= 2 || ours) {
                     Layout::HotPatch
                 } else {
@@ -252,5 +294,8 @@ pub(crate) fn module_sites(m: &Module) -> Result<Vec<Site>, Error> {
             layout,
         });
     }
+    // One site per function, the patchable one first.
+    out.sort_by_key(|s| (s.function, s.layout != Layout::HotPatch));
+    out.dedup_by_key(|s| s.function);
     Ok(out)
 }

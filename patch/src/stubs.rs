@@ -2,20 +2,20 @@
 //! `jmp rel32` reaches its stub and the stub's `jmp rel32` reaches back.
 //!
 //! A page starts with the entry and exit trampolines' addresses (for the
-//! stubs' `call [rip + disp]`); then one [`STUB`]-byte stub per site:
+//! stubs' `call [rip + disp]`); then one [`STUB`]-byte stub per site. The
+//! site's prefix jumps to `stub + 8`:
 //!
 //! ```text
-//!       49 bb <f: 8 bytes>   mov r11, f          ; the function, for the trampoline
-//!       ff 15 <disp32>       call [entry]        ; r11 = 1: the exit is wanted
-//!       4d 85 db             test r11, r11
-//!       74 <rel8>            jz body
-//!       48 83 c4 08          add rsp, 8          ; the caller's return address, kept
-//!       e8 <rel32>           call f+2            ;   by the trampoline, gives its slot
-//!       ff 15 <disp32>       call [exit]         ;   to ours; r11 = where to go on
-//!       41 53                push r11
-//!       c3                   ret                 ; back to the function's caller
-//! body: e9 <rel32>           jmp f+2             ; past the entry jump, into the body
-//!       cc ...               int3 padding
+//!       <f: 8 bytes>                   the function, read by the entry trampoline
+//!       ff 15 <disp32>                 call [entry]
+//!       48 83 7c 24 e8 00              cmp qword ptr [rsp - 24], 0   ; the entry's answer
+//!       74 <rel8>                      je body
+//!       48 83 c4 08                    add rsp, 8     ; the caller's return address,
+//!       e8 <rel32>                     call f+2       ;   kept by the trampoline, gives
+//!       48 83 ec 08                    sub rsp, 8     ;   its slot to ours, and back
+//!       ff 15 <disp32>                 call [exit]    ; writes it into that slot
+//!       c3                             ret            ; to the function's caller
+//! body: e9 <rel32>                     jmp f+2        ; past the entry jump, into the body
 //! ```
 //!
 //! The stub is entered by a jump, so `[rsp]` is the function's own return
@@ -25,10 +25,22 @@
 //! function expects them), so the function returns into the stub, and the
 //! stub returns to the caller: every return goes where the processor's
 //! return-stack predictor expects, where overwriting the return address
-//! would cost a mispredicted return per call. Stubs are written while
-//! their pages are not executable and never change or get unmapped (a
-//! thread may be preempted inside one, or be inside the function it
-//! called, at any time).
+//! would cost a mispredicted return per call.
+//!
+//! The stub changes no register: a caller may keep values in registers
+//! its compiler knows the callee leaves alone (GCC's interprocedural
+//! register allocation, for a callee whose patchable entry comes from an
+//! attribute rather than the command line), so the trampolines save
+//! every caller-saved register and the stubs pass what they need through
+//! memory. The entry trampoline reads the function from the 8 bytes
+//! before its return address and leaves its answer 24 bytes below the
+//! stub's stack pointer, in memory no signal frame can reach (signal
+//! delivery skips the 128-byte red zone below `rsp`). Only the flags
+//! change, which no compiler keeps live across a call.
+//!
+//! Stubs are written while their pages are not executable and never
+//! change or get unmapped (a thread may be preempted inside one, or be
+//! inside the function it called, at any time).
 
 use crate::Error;
 use crate::text::jmp_rel32;
@@ -88,6 +100,9 @@ pub(crate) fn make(
     Ok(out)
 }
 
+/// Where the site's prefix jumps: past the stub's 8 data bytes.
+pub(crate) const ENTRY_OFFSET: u64 = 8;
+
 /// The stub for function `f` placed at `at`, with the trampolines'
 /// addresses at `entry_slot` and `exit_slot` (the layout in the module
 /// docs); `None` when `f + 2` is out of rel32 reach.
@@ -95,21 +110,20 @@ fn stub(at: u64, f: u64, entry_slot: u64, exit_slot: u64) -> Option<Vec<u8>> {
     // rel32 from the end of an instruction ending at `end`.
     let rel = |end: u64, target: u64| i32::try_from(target as i64 - end as i64).ok();
     let mut b = Vec::with_capacity(STUB as usize);
-    b.extend([0x49, 0xbb]);
     b.extend(f.to_le_bytes());
     b.extend([0xff, 0x15]);
-    b.extend(rel(at + 16, entry_slot)?.to_le_bytes());
-    b.extend([0x4d, 0x85, 0xdb]); // test r11, r11
-    b.extend([0x74, 18]); // jz body: over the next 18 bytes
+    b.extend(rel(at + 14, entry_slot)?.to_le_bytes());
+    b.extend([0x48, 0x83, 0x7c, 0x24, 0xe8, 0x00]); // cmp qword ptr [rsp - 24], 0
+    b.extend([0x74, 20]); // je body: over the next 20 bytes
     b.extend([0x48, 0x83, 0xc4, 0x08]); // add rsp, 8
     b.push(0xe8);
-    b.extend(rel(at + 30, f + 2)?.to_le_bytes());
+    b.extend(rel(at + 31, f + 2)?.to_le_bytes());
+    b.extend([0x48, 0x83, 0xec, 0x08]); // sub rsp, 8
     b.extend([0xff, 0x15]);
-    b.extend(rel(at + 36, exit_slot)?.to_le_bytes());
-    b.extend([0x41, 0x53]); // push r11
+    b.extend(rel(at + 41, exit_slot)?.to_le_bytes());
     b.push(0xc3); // ret
-    debug_assert_eq!(b.len(), 39);
-    b.extend(jmp_rel32(at + 39, f + 2)?);
+    debug_assert_eq!(b.len(), 42);
+    b.extend(jmp_rel32(at + 42, f + 2)?);
     debug_assert!(b.len() as u64 <= STUB);
     Some(b)
 }

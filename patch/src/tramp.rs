@@ -47,8 +47,9 @@ impl Drop for ReturnStack {
     fn drop(&mut self) {
         let buf = self.buf.get();
         // A thread leaving with entries in use (its thread-local
-        // destructors ran inside a probed call) keeps them: a late exit
-        // still needs its return address.
+        // destructors ran inside a probed call, as under `pthread_exit`,
+        // which the crate docs rule out for exit probes) leaks the buffer
+        // rather than free memory a stale pointer could still reach.
         if !buf.is_null() && self.top.get() == 0 {
             // SAFETY: from `Box::into_raw` of a boxed slice of
             // RETURN_DEPTH entries, freed once.
@@ -99,7 +100,7 @@ pub fn prepare_thread() {
 /// return address on the stack and the saved argument registers. Returns
 /// 1 when the call's exit is to be dispatched (its return address is kept
 /// on the return stack: the stub calls the function and then the exit
-/// trampoline), 0 otherwise.
+/// trampoline), 0 otherwise (the stub jumps into the function).
 extern "C" fn on_entry(function: u64, ret_slot: *const u64, regs: *const Regs) -> u64 {
     let r = runtime::registry();
     let done = STACK.try_with(|s| {
@@ -202,22 +203,25 @@ unsafe extern "C" {
     fn fprobe_patch_exit();
 }
 
-// The entry trampoline. Entered from a stub's `call` with r11 = the
-// function: [rsp] is the stub's return address, [rsp + 8] the function's.
-// The stack is not assumed aligned (GCC calls static functions that need
-// no alignment with whatever rsp it has, `-fipa-stack-alignment`): rbp
-// keeps the entry rsp, rsp is rounded down to 16 for the call into Rust
-// and the 192-byte `Regs` below it. Offsets: `Regs::gp` at 0
-// (rdi rsi rdx rcx r8 r9 rax r10), `Regs::xmm` at 64. rbx, rbp, r12–r15
-// are kept by the callee (rbp restored here); r11 and the flags are dead
-// at a function's entry. Returns `on_entry`'s answer in r11.
+// Both trampolines save every caller-saved register (the stub's callers
+// may keep values in any of them across the call, see `stubs.rs`): a
+// 336-byte frame, rsp rounded down to 16 first (GCC calls static
+// functions that need no alignment with whatever rsp it has,
+// `-fipa-stack-alignment`; rbp keeps the entry rsp). Offsets: `Regs::gp`
+// at 0 (rdi rsi rdx rcx r8 r9 rax r10), `Regs::xmm` at 64 (xmm0–7), then
+// r11 at 192 and xmm8–15 at 208, which handlers do not see. rbx, rbp,
+// r12–r15 are kept by the Rust callee (rbp restored here).
 //
-// The exit trampoline. Called by the stub once the function returned into
-// it: [rsp] is the stub's return address, rsp + 8 the stack pointer after
-// the function's `ret`. Saves rax, rdx, xmm0, xmm1 (the return registers)
-// into a `Regs` on an aligned stack, passes it and that stack pointer to
-// `on_exit`, and returns the caller's return address in r11 (dead after
-// a return).
+// The entry trampoline, called from `stub + 8`: [rbp + 8] is the stub's
+// return address, 14 bytes past the function's address stored at the
+// stub's start; [rbp + 16] is the function's return address. It leaves
+// `on_entry`'s answer at [rbp - 8], which is 24 bytes below the stub's
+// stack pointer once it returns (where the stub reads it).
+//
+// The exit trampoline, called by the stub once the function returned into
+// it and the stub reserved the return-address slot again: [rbp + 16] is
+// that slot, rbp + 24 the stack pointer after the function's `ret`. It
+// writes the caller's return address from `on_exit` into the slot.
 std::arch::global_asm!(
     ".pushsection .text.fprobe_patch,\"ax\",@progbits",
     ".globl fprobe_patch_entry",
@@ -228,8 +232,9 @@ std::arch::global_asm!(
     "endbr64",
     "push rbp",
     "mov rbp, rsp",
+    "sub rsp, 16",
     "and rsp, -16",
-    "sub rsp, 192",
+    "sub rsp, 336",
     "mov [rsp + 0], rdi",
     "mov [rsp + 8], rsi",
     "mov [rsp + 16], rdx",
@@ -246,12 +251,21 @@ std::arch::global_asm!(
     "movaps [rsp + 144], xmm5",
     "movaps [rsp + 160], xmm6",
     "movaps [rsp + 176], xmm7",
-    "mov rdi, r11",
-    // [rbp] saved rbp, [rbp + 8] the stub's return, [rbp + 16] the function's.
+    "mov [rsp + 192], r11",
+    "movaps [rsp + 208], xmm8",
+    "movaps [rsp + 224], xmm9",
+    "movaps [rsp + 240], xmm10",
+    "movaps [rsp + 256], xmm11",
+    "movaps [rsp + 272], xmm12",
+    "movaps [rsp + 288], xmm13",
+    "movaps [rsp + 304], xmm14",
+    "movaps [rsp + 320], xmm15",
+    "mov rdi, [rbp + 8]",
+    "mov rdi, [rdi - 14]",
     "lea rsi, [rbp + 16]",
     "mov rdx, rsp",
     "call {on_entry}",
-    "mov r11, rax",
+    "mov [rbp - 8], rax",
     "mov rdi, [rsp + 0]",
     "mov rsi, [rsp + 8]",
     "mov rdx, [rsp + 16]",
@@ -268,6 +282,15 @@ std::arch::global_asm!(
     "movaps xmm5, [rsp + 144]",
     "movaps xmm6, [rsp + 160]",
     "movaps xmm7, [rsp + 176]",
+    "mov r11, [rsp + 192]",
+    "movaps xmm8, [rsp + 208]",
+    "movaps xmm9, [rsp + 224]",
+    "movaps xmm10, [rsp + 240]",
+    "movaps xmm11, [rsp + 256]",
+    "movaps xmm12, [rsp + 272]",
+    "movaps xmm13, [rsp + 288]",
+    "movaps xmm14, [rsp + 304]",
+    "movaps xmm15, [rsp + 320]",
     "mov rsp, rbp",
     "pop rbp",
     "ret",
@@ -281,21 +304,61 @@ std::arch::global_asm!(
     "push rbp",
     "mov rbp, rsp",
     "and rsp, -16",
-    "sub rsp, 192",
-    "mov [rsp + 48], rax",
+    "sub rsp, 336",
+    "mov [rsp + 0], rdi",
+    "mov [rsp + 8], rsi",
     "mov [rsp + 16], rdx",
+    "mov [rsp + 24], rcx",
+    "mov [rsp + 32], r8",
+    "mov [rsp + 40], r9",
+    "mov [rsp + 48], rax",
+    "mov [rsp + 56], r10",
     "movaps [rsp + 64], xmm0",
     "movaps [rsp + 80], xmm1",
+    "movaps [rsp + 96], xmm2",
+    "movaps [rsp + 112], xmm3",
+    "movaps [rsp + 128], xmm4",
+    "movaps [rsp + 144], xmm5",
+    "movaps [rsp + 160], xmm6",
+    "movaps [rsp + 176], xmm7",
+    "mov [rsp + 192], r11",
+    "movaps [rsp + 208], xmm8",
+    "movaps [rsp + 224], xmm9",
+    "movaps [rsp + 240], xmm10",
+    "movaps [rsp + 256], xmm11",
+    "movaps [rsp + 272], xmm12",
+    "movaps [rsp + 288], xmm13",
+    "movaps [rsp + 304], xmm14",
+    "movaps [rsp + 320], xmm15",
     "mov rdi, rsp",
-    // [rbp + 8] the stub's return; rbp + 16 the stack pointer after the
-    // function's `ret`.
-    "lea rsi, [rbp + 16]",
+    "lea rsi, [rbp + 24]",
     "call {on_exit}",
-    "mov r11, rax",
-    "mov rax, [rsp + 48]",
+    "mov [rbp + 16], rax",
+    "mov rdi, [rsp + 0]",
+    "mov rsi, [rsp + 8]",
     "mov rdx, [rsp + 16]",
+    "mov rcx, [rsp + 24]",
+    "mov r8, [rsp + 32]",
+    "mov r9, [rsp + 40]",
+    "mov rax, [rsp + 48]",
+    "mov r10, [rsp + 56]",
     "movaps xmm0, [rsp + 64]",
     "movaps xmm1, [rsp + 80]",
+    "movaps xmm2, [rsp + 96]",
+    "movaps xmm3, [rsp + 112]",
+    "movaps xmm4, [rsp + 128]",
+    "movaps xmm5, [rsp + 144]",
+    "movaps xmm6, [rsp + 160]",
+    "movaps xmm7, [rsp + 176]",
+    "mov r11, [rsp + 192]",
+    "movaps xmm8, [rsp + 208]",
+    "movaps xmm9, [rsp + 224]",
+    "movaps xmm10, [rsp + 240]",
+    "movaps xmm11, [rsp + 256]",
+    "movaps xmm12, [rsp + 272]",
+    "movaps xmm13, [rsp + 288]",
+    "movaps xmm14, [rsp + 304]",
+    "movaps xmm15, [rsp + 320]",
     "mov rsp, rbp",
     "pop rbp",
     "ret",

@@ -396,7 +396,11 @@ fn a_forked_child_runs_the_attached_probes() {
 
 /// `dlopen`s `libpt_dl.so`; returns the handle and `pt_dl_mul`.
 fn load_dl() -> (*mut libc::c_void, unsafe extern "C" fn(i32, i32) -> i32) {
-    let path = std::ffi::CString::new(env!("PT_DL_SO")).unwrap();
+    load_dl_from(env!("PT_DL_SO"))
+}
+
+fn load_dl_from(path: &str) -> (*mut libc::c_void, unsafe extern "C" fn(i32, i32) -> i32) {
+    let path = std::ffi::CString::new(path).unwrap();
     // SAFETY: a C string; the object has no constructors.
     let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     assert!(!h.is_null());
@@ -433,4 +437,102 @@ fn a_library_loaded_after_start_is_patched_and_detach_after_dlclose_is_safe() {
             detach(a).unwrap();
         }
     }
+}
+
+#[test]
+fn a_caller_keeping_values_in_caller_saved_registers_gets_them_back() {
+    let _s = serial();
+    let want = unsafe { pt_ipa_caller(black_box(3), 5, 7) };
+    assert_eq!(want, 10 + 15 + 35 + 21);
+    let n = Arc::new(AtomicU64::new(0));
+    let n2 = n.clone();
+    let probe = Fprobe::<Regs>::builder()
+        .entry(|_| EntryAction::Continue)
+        .exit(move |x| {
+            // Clobbers vector registers the caller may be keeping.
+            let v: Vec<f64> = (0..64).map(|i| i as f64 * x.ctx.ret() as f64).collect();
+            n2.fetch_add(black_box(v).len() as u64 / 64, Ordering::Relaxed);
+        })
+        .build();
+    let a = attach(probe, &[addr("pt_ipa_leaf")]).unwrap();
+    for _ in 0..100 {
+        assert_eq!(unsafe { pt_ipa_caller(black_box(3), 5, 7) }, want);
+    }
+    detach(a).unwrap();
+    assert_eq!(n.load(Ordering::Relaxed), 100);
+}
+
+#[test]
+fn a_library_unloaded_while_attached_and_loaded_again_is_a_new_copy() {
+    let _s = serial();
+    let (n1, n2) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (h, mul) = load_dl();
+    let old = attach(counting(&n1), &[mul as *const () as u64]).unwrap();
+    assert_eq!(unsafe { mul(2, 2) }, 4);
+    // SAFETY: nothing of the object runs.
+    assert_eq!(unsafe { libc::dlclose(h) }, 0);
+    // Loaded again (usually at the same place), with its nops back: the
+    // old attachment's count must not block nor be taken for the new copy.
+    let (h, mul) = load_dl();
+    let f = mul as *const () as u64;
+    let new = attach(counting(&n2), &[f]).unwrap();
+    assert_eq!(unsafe { mul(3, 3) }, 9);
+    detach(old).unwrap();
+    assert_eq!(unsafe { mul(4, 4) }, 16);
+    assert_eq!(&bytes(f)[5..], &[0xeb, 0xf9], "the new copy stays patched");
+    detach(new).unwrap();
+    assert_eq!(&bytes(f)[5..], &[0x90, 0x90]);
+    // Probes are keyed by address: until detached, the old probe also
+    // sees the new copy's calls (mul(3, 3) here).
+    assert_eq!(
+        (n1.load(Ordering::Relaxed), n2.load(Ordering::Relaxed)),
+        (2, 2)
+    );
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::dlclose(h) }, 0);
+}
+
+#[test]
+fn a_stripped_object_lists_each_function_once_and_never_misplaces_a_site() {
+    let _s = serial();
+    let (h, mul) = load_dl_from(env!("PT_DL_STRIPPED_SO"));
+    let f = mul as *const () as u64;
+    let sites: Vec<_> = fprobe_patch::sites()
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.module.ends_with("libpt_dl_stripped.so"))
+        .collect();
+    // pt_dl_mul, pt_dl_twice (exported: in .dynsym) and the static `twice`
+    // (no symbol left: listed by its site, unpatchable).
+    assert_eq!(sites.len(), 3, "{sites:?}");
+    let mut fs: Vec<u64> = sites.iter().map(|s| s.function).collect();
+    fs.dedup();
+    assert_eq!(fs.len(), 3, "one entry per function");
+    let s = sites
+        .iter()
+        .find(|s| s.function == f)
+        .expect("pt_dl_mul listed");
+    assert_eq!(
+        (s.layout, s.name.as_deref()),
+        (Layout::HotPatch, Some("pt_dl_mul"))
+    );
+    let unknown: Vec<_> = sites
+        .iter()
+        .filter(|s| s.layout == Layout::Unknown)
+        .collect();
+    assert_eq!(unknown.len(), 1, "{sites:?}");
+    assert!(matches!(
+        attach(
+            counting(&Arc::new(AtomicU64::new(0))),
+            &[unknown[0].function]
+        ),
+        Err(Error::UnsupportedLayout { .. })
+    ));
+    let n = Arc::new(AtomicU64::new(0));
+    let a = attach(counting(&n), &[f]).unwrap();
+    assert_eq!(unsafe { mul(5, 6) }, 30);
+    detach(a).unwrap();
+    assert_eq!(n.load(Ordering::Relaxed), 1);
+    // SAFETY: nothing of the object runs.
+    assert_eq!(unsafe { libc::dlclose(h) }, 0);
 }
