@@ -1,7 +1,7 @@
 //! Compiles `c/targets.c` with `-fpatchable-function-entry=7,5` into the
-//! tests, and `c/dl.c` the same way into `libpt_dl.so`, which the tests
-//! load and unload (`PT_DL_SO`; stripped, `PT_DL_STRIPPED_SO`), and `c/ipa.c` without the flag (its
-//! callee has the attribute).
+//! tests, `c/ipa.c` without it (its callee has the attribute), and
+//! `c/dl.c` with it into `libpt_dl.so` and a stripped copy, which the
+//! tests load and unload (`PT_DL_SO`, `PT_DL_STRIPPED_SO`).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -17,21 +17,22 @@ fn main() {
         .warnings_into_errors(true)
         .compile("fprobe_patch_ipa");
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
-    let objs = cc::Build::new()
-        .file("c/dl.c")
-        .flag("-fpatchable-function-entry=7,5")
-        .pic(true)
-        .opt_level(2)
-        .out_dir(out.join("dl"))
-        .compile_intermediates();
+    // Compiled and linked in one plain compiler run: the object must not
+    // inherit the tests' sanitizer flags (a shared object instrumented for
+    // one cannot find its runtime, which the test binary does not export).
     let so = out.join("libpt_dl.so");
     let status = Command::new(cc::Build::new().get_compiler().path())
-        .arg("-shared")
-        .arg("-o")
+        .args([
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-fpatchable-function-entry=7,5",
+            "-o",
+        ])
         .arg(&so)
-        .args(&objs)
+        .arg("c/dl.c")
         .status()
-        .expect("run the C compiler to link");
+        .expect("run the C compiler");
     assert!(status.success(), "linking {} failed", so.display());
     println!("cargo:rustc-env=PT_DL_SO={}", so.display());
     let stripped = out.join("libpt_dl_stripped.so");

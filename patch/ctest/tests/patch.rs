@@ -403,7 +403,11 @@ fn load_dl_from(path: &str) -> (*mut libc::c_void, unsafe extern "C" fn(i32, i32
     let path = std::ffi::CString::new(path).unwrap();
     // SAFETY: a C string; the object has no constructors.
     let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    assert!(!h.is_null());
+    if h.is_null() {
+        // SAFETY: dlerror returns a C string after a failed dlopen.
+        let e = unsafe { std::ffi::CStr::from_ptr(libc::dlerror()) };
+        panic!("dlopen {path:?}: {}", e.to_string_lossy());
+    }
     // SAFETY: a live handle and a C string.
     let f = unsafe { libc::dlsym(h, c"pt_dl_mul".as_ptr()) };
     assert!(!f.is_null());
