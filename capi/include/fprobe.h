@@ -34,8 +34,7 @@
 
 // The call would wait for itself: `fprobe_unregister` or
 // `fprobe_registry_destroy` from inside a handler, or the
-// `-finstrument-functions` runtime is attached to another registry (or was
-// attached to this one before).
+// `-finstrument-functions` runtime is attached already.
 #define FPROBE_E_BUSY -6
 
 // An internal error was caught at the ABI boundary (a bug: please report).

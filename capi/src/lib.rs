@@ -87,8 +87,7 @@ pub const FPROBE_E_INVALID: c_int = -4;
 pub const FPROBE_E_DESTROYED: c_int = -5;
 /// The call would wait for itself: `fprobe_unregister` or
 /// `fprobe_registry_destroy` from inside a handler, or the
-/// `-finstrument-functions` runtime is attached to another registry (or was
-/// attached to this one before).
+/// `-finstrument-functions` runtime is attached already.
 pub const FPROBE_E_BUSY: c_int = -6;
 /// An internal error was caught at the ABI boundary (a bug: please report).
 pub const FPROBE_E_INTERNAL: c_int = -7;
