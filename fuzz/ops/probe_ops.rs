@@ -62,6 +62,9 @@ pub enum Op {
     Disable(u8),
     /// `on_entry` on the test thread.
     Entry(u8),
+    /// `on_entry_for_exit` on the test thread: a frame only for a call
+    /// with an exit handler to run (its answer is checked).
+    EntryForExit(u8),
     /// `on_exit` on the test thread.
     Exit,
     /// A whole call (`on_entry` + `on_exit`) on a fresh thread.
@@ -321,11 +324,19 @@ impl Model {
     }
 
     fn on_entry(&mut self, t: &mut ThreadModel, a: u64) {
+        self.entry(t, a, true);
+    }
+
+    /// An entry; `mark`: push a marker when nothing is kept. Returns
+    /// whether a full frame was pushed.
+    fn entry(&mut self, t: &mut ThreadModel, a: u64, mark: bool) -> bool {
         self.begin(t);
         let at = self.at(a);
         if at.is_empty() || t.ignored {
-            self.push_marker(t);
-            return;
+            if mark {
+                self.push_marker(t);
+            }
+            return false;
         }
         let need = 2 + at
             .iter()
@@ -370,13 +381,17 @@ impl Model {
             }
         }
         if insts.is_empty() {
-            self.push_marker(t);
+            if mark {
+                self.push_marker(t);
+            }
+            false
         } else {
             t.top += used + 2;
             t.frames.push(Frame {
                 words: used + 2,
                 insts,
             });
+            true
         }
     }
 
@@ -538,6 +553,14 @@ pub fn run(data_size: usize, max_depth: usize, ops: &[Op]) {
             Op::Entry(a) => {
                 reg.on_entry(addr(*a), 0, &());
                 m.on_entry(&mut me, addr(*a));
+            }
+            Op::EntryForExit(a) => {
+                let kept = reg.on_entry_for_exit(addr(*a), 0, &());
+                assert_eq!(
+                    kept,
+                    m.entry(&mut me, addr(*a), false),
+                    "on_entry_for_exit's answer"
+                );
             }
             Op::Exit => {
                 reg.on_exit(0, &());
