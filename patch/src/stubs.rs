@@ -32,11 +32,11 @@
 //! register allocation, for a callee whose patchable entry comes from an
 //! attribute rather than the command line), so the trampolines save
 //! every caller-saved register and the stubs pass what they need through
-//! memory. The entry trampoline reads the function from the 8 bytes
-//! before its return address and leaves its answer 24 bytes below the
-//! stub's stack pointer, in memory no signal frame can reach (signal
-//! delivery skips the 128-byte red zone below `rsp`). Only the flags
-//! change, which no compiler keeps live across a call.
+//! memory. The entry trampoline reads the function from the stub's first
+//! 8 bytes (14 before its return address) and leaves its answer 24 bytes
+//! below the stub's stack pointer, in memory no signal frame can reach
+//! (signal delivery skips the 128-byte red zone below `rsp`). Only the
+//! flags change, which no compiler keeps live across a call.
 //!
 //! Stubs are written while their pages are not executable and never
 //! change or get unmapped (a thread may be preempted inside one, or be
