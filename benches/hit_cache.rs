@@ -2,7 +2,8 @@
 //! the same data, plus the kpcache seed's "enable 20k of 40k probes"
 //! experiment in this crate's terms.
 //!
-//! `cargo bench --bench hit_cache` (env `FPROBE_THREADS=1,2`, `FPROBE_RUN_MS=300`)
+//! `cargo bench --bench hit_cache` (env `FPROBE_THREADS=1,2`, `FPROBE_RUN_MS=300`;
+//! `FPROBE_TRACE=PATH` adds a real call trace, see `sqlite_trace`)
 
 #[path = "common/runner.rs"]
 mod runner;
@@ -99,6 +100,99 @@ fn build(addrs: &[u64], cache: Option<HitCacheConfig>) -> AddrIndex<u64> {
     index
 }
 
+/// One index of each configuration the table compares, on one address set.
+struct Indexes {
+    plain: Arc<AddrIndex<u64>>,
+    cached: Arc<AddrIndex<u64>>,
+    per_cpu: Arc<AddrIndex<u64>>,
+    always: Arc<AddrIndex<u64>>,
+}
+
+impl Indexes {
+    fn new(addrs: &[u64]) -> Self {
+        Indexes {
+            plain: Arc::new(build(addrs, None)),
+            cached: Arc::new(build(addrs, Some(HitCacheConfig::default()))),
+            per_cpu: Arc::new(build(addrs, Some(HitCacheConfig::default().per_cpu(true)))),
+            always: Arc::new(build(
+                addrs,
+                Some(HitCacheConfig::default().adaptive(false)),
+            )),
+        }
+    }
+
+    /// Measures one table row: `streams`, one per thread.
+    fn row(&self, label: &str, trace: &str, streams: &[Arc<Vec<u64>>], run: Duration) {
+        let before = self.cached.hit_cache_stats().unwrap();
+        let (mut u, mut c, mut p, mut a) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..5 {
+            // Interleaved, so drift on a shared machine hits all.
+            u.push(throughput(&self.plain, streams, run));
+            c.push(throughput(&self.cached, streams, run));
+            p.push(throughput(&self.per_cpu, streams, run));
+            a.push(throughput(&self.always, streams, run));
+        }
+        let after = self.cached.hit_cache_stats().unwrap();
+        let hits = after.hits - before.hits;
+        let through = hits + after.misses - before.misses;
+        let (u, c, p, a) = (
+            runner::median(u),
+            runner::median(c),
+            runner::median(p),
+            runner::median(a),
+        );
+        println!(
+            "| {label} | {trace} | {} | {u:.1} | {c:.1} | {:.2}× | {} | {} | {:.1}% | {p:.1} | {:.2}× | {a:.1} | {:.2}× |",
+            streams.len(),
+            c / u,
+            after.trials - before.trials,
+            if after.enabled { "on" } else { "off" },
+            100.0 * hits as f64 / through.max(1) as f64,
+            p / u,
+            a / u
+        );
+    }
+}
+
+/// A real call trace: `FPROBE_TRACE=PATH`, the sequence of functions of
+/// the SQLite profiler's workload (one little-endian `u32` index per call,
+/// `cargo run --release -p fprobe-sqlite-profiler -- --record-trace PATH`),
+/// replayed over an index holding every function of the trace's object.
+/// Each thread replays it from its own offset.
+fn sqlite_trace(threads: &[usize], run: Duration) {
+    let Some(path) = std::env::var_os("FPROBE_TRACE") else {
+        println!(
+            "\nSQLite trace: skipped (record one with `cargo run --release -p \
+             fprobe-sqlite-profiler -- --record-trace PATH`, then set FPROBE_TRACE=PATH)"
+        );
+        return;
+    };
+    let bytes = std::fs::read(&path).expect("read FPROBE_TRACE");
+    let calls: Vec<u32> = bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert!(calls.len() > 1000, "FPROBE_TRACE holds {} calls", calls.len());
+    let functions = *calls.iter().max().unwrap() as usize + 1;
+    let addrs = addresses(functions);
+    let indexes = Indexes::new(&addrs);
+    let trace: Vec<u64> = calls.iter().map(|&i| addrs[i as usize]).collect();
+    for &t in threads {
+        let streams: Vec<_> = (0..t)
+            .map(|i| {
+                let at = i * trace.len() / t;
+                Arc::new([&trace[at..], &trace[..at]].concat())
+            })
+            .collect();
+        indexes.row(
+            &functions.to_string(),
+            &format!("SQLite trace ({} calls)", calls.len()),
+            &streams,
+            run,
+        );
+    }
+}
+
 /// Total M lookups/s of one thread per stream, for `run`.
 fn throughput(index: &Arc<AddrIndex<u64>>, streams: &[Arc<Vec<u64>>], run: Duration) -> f64 {
     let workers = streams
@@ -140,13 +234,6 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for n in [50_000usize, 1_000_000] {
         let addrs = addresses(n);
-        let plain = Arc::new(build(&addrs, None));
-        let cached = Arc::new(build(&addrs, Some(HitCacheConfig::default())));
-        let per_cpu = Arc::new(build(&addrs, Some(HitCacheConfig::default().per_cpu(true))));
-        let always = Arc::new(build(
-            &addrs,
-            Some(HitCacheConfig::default().adaptive(false)),
-        ));
         let traces = [
             Trace::Zipf(0.8),
             Trace::Zipf(1.0),
@@ -154,42 +241,17 @@ fn main() {
             Trace::Hot,
             Trace::Uniform,
         ];
+        let indexes = Indexes::new(&addrs);
         for trace in traces {
             for &t in &threads {
                 let streams: Vec<_> = (0..t)
                     .map(|i| Arc::new(stream(&addrs, trace, 1 << 22, 77 + i as u64)))
                     .collect();
-                let before = cached.hit_cache_stats().unwrap();
-                let (mut u, mut c, mut p, mut a) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-                for _ in 0..5 {
-                    // Interleaved, so drift on a shared machine hits all.
-                    u.push(throughput(&plain, &streams, run));
-                    c.push(throughput(&cached, &streams, run));
-                    p.push(throughput(&per_cpu, &streams, run));
-                    a.push(throughput(&always, &streams, run));
-                }
-                let after = cached.hit_cache_stats().unwrap();
-                let hits = after.hits - before.hits;
-                let through = hits + after.misses - before.misses;
-                let (u, c, p, a) = (
-                    runner::median(u),
-                    runner::median(c),
-                    runner::median(p),
-                    runner::median(a),
-                );
-                println!(
-                    "| {n} | {} | {t} | {u:.1} | {c:.1} | {:.2}× | {} | {} | {:.1}% | {p:.1} | {:.2}× | {a:.1} | {:.2}× |",
-                    trace.name(),
-                    c / u,
-                    after.trials - before.trials,
-                    if after.enabled { "on" } else { "off" },
-                    100.0 * hits as f64 / through.max(1) as f64,
-                    p / u,
-                    a / u
-                );
+                indexes.row(&n.to_string(), &trace.name(), &streams, run);
             }
         }
     }
+    sqlite_trace(&threads, run);
     toggle_experiment();
 }
 

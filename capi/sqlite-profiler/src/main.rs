@@ -23,11 +23,15 @@
 //! ```text
 //! cargo run --release -p fprobe-sqlite-profiler -- [--rows N] [--threads 1,2] [--reps R] [--top K]
 //!     [--handlers profile|noop] [--modes plain,detached,fprobe,hashmap,patch-detached,patch]
-//!     [--hit-cache N[,percpu]] [--stress-patch SECS]
+//!     [--hit-cache N[,percpu]] [--stress-patch SECS] [--record-trace PATH]
 //! ```
 //!
 //! `--stress-patch SECS` instead attaches and detaches every patchable
-//! function in a loop while two threads run the workload (`stress.rs`).
+//! function in a loop while two threads run the workload (`stress.rs`);
+//! `--record-trace PATH` runs the workload once on one thread with every
+//! patchable function attached and writes the sequence of functions
+//! called, one little-endian `u32` index per call, for the hit cache's
+//! benchmark to replay (`FPROBE_TRACE=PATH cargo bench --bench hit_cache`).
 
 mod baseline;
 mod prof;
@@ -94,6 +98,34 @@ fn functions(path: &str, lib: &Lib) -> Vec<Func> {
         .collect();
     v.sort_by_key(|f| f.addr);
     v
+}
+
+/// `--record-trace`: one workload run on one thread, every patchable
+/// function attached with an entry probe that appends its index; the
+/// sequence is written to `path` as little-endian `u32`s.
+fn record(libs: &Libs, rows: i64, path: &std::path::Path) {
+    let trace = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u32>::new()));
+    let t = trace.clone();
+    let probe = fprobe::probe::Fprobe::<fprobe_patch::Regs>::builder()
+        .entry(move |e| {
+            // One thread records: the lock is never contended.
+            t.lock().unwrap().push(e.cookie as u32);
+            fprobe::probe::EntryAction::Continue
+        })
+        .build();
+    let a = fprobe_patch::attach_with_cookies(probe, libs.patch_funcs.iter().copied())
+        .expect("attach every patchable function");
+    sqlite::workload(&libs.patch, 0x9E37_79B9, rows);
+    fprobe_patch::detach(a).expect("detach");
+    let trace = std::mem::take(&mut *trace.lock().unwrap());
+    let bytes: Vec<u8> = trace.iter().flat_map(|i| i.to_le_bytes()).collect();
+    std::fs::write(path, bytes).expect("write the trace");
+    let distinct = trace.iter().collect::<std::collections::HashSet<_>>().len();
+    println!(
+        "{} calls to {distinct} functions written to {}",
+        trace.len(),
+        path.display()
+    );
 }
 
 /// The patchable functions of the patchable copy, each with the index of
@@ -352,11 +384,13 @@ struct Options {
     hit_cache: (usize, bool),
     /// `--stress-patch SECS`: run the patching stress instead (`stress.rs`).
     stress_patch: Option<f64>,
+    /// `--record-trace PATH`: write the call trace instead (`record_trace`).
+    record_trace: Option<std::path::PathBuf>,
 }
 
 const USAGE: &str = "usage: fprobe-sqlite-profiler [--rows N] [--threads 1,2] [--reps R] [--top K]
     [--handlers profile|noop] [--modes plain,detached,fprobe,hashmap,patch-detached,patch]
-    [--hit-cache N[,percpu]] [--stress-patch SECS]";
+    [--hit-cache N[,percpu]] [--stress-patch SECS] [--record-trace PATH]";
 
 /// Why the command line gave no [`Options`].
 enum ArgsError {
@@ -397,6 +431,7 @@ fn parse_options(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<O
         noop: false,
         hit_cache: (0, false),
         stress_patch: None,
+        record_trace: None,
     };
     let mut parser = lexopt::Parser::from_args(args);
     let text = |p: &mut lexopt::Parser, flag: &str| -> Result<String, ArgsError> {
@@ -455,6 +490,7 @@ fn parse_options(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<O
                 };
                 o.hit_cache = (value("--hit-cache", n.to_string())?, percpu);
             }
+            Long("record-trace") => o.record_trace = Some(parser.value()?.into()),
             Long("stress-patch") => {
                 o.stress_patch = Some(value(
                     "--stress-patch",
@@ -502,6 +538,7 @@ fn main() {
         noop,
         hit_cache: (entries, percpu),
         stress_patch,
+        record_trace,
     } = match parse_options(std::env::args_os().skip(1)) {
         Ok(o) => o,
         Err(ArgsError::Help) => {
@@ -556,6 +593,10 @@ fn main() {
     }
     let funcs = functions(&libs.instr.path, &libs.instr);
     (libs.patch_funcs, libs.patch_extra) = patch_functions(&libs.patch, &funcs);
+    if let Some(path) = record_trace {
+        record(&libs, rows, &path);
+        return;
+    }
     if let Some(secs) = stress_patch {
         let fs: Vec<u64> = libs.patch_funcs.iter().map(|&(f, _)| f).collect();
         stress::run(&libs.plain, &libs.patch, &fs, secs, rows);
