@@ -172,7 +172,11 @@ fn sqlite_trace(threads: &[usize], run: Duration) {
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
         .collect();
-    assert!(calls.len() > 1000, "FPROBE_TRACE holds {} calls", calls.len());
+    assert!(
+        calls.len() > 1000,
+        "FPROBE_TRACE holds {} calls",
+        calls.len()
+    );
     let functions = *calls.iter().max().unwrap() as usize + 1;
     let addrs = addresses(functions);
     let indexes = Indexes::new(&addrs);
