@@ -171,6 +171,11 @@ pub enum Workload {
     /// with exponent `s / 10` (0.8, 1.0 or 1.2), the ranks spread over the
     /// addresses at random.
     Zipf(u8),
+    /// A real call sequence: the file `FPROBE_TRACE` names, one
+    /// little-endian `u32` function index per call (`cargo run --release -p
+    /// fprobe-sqlite-profiler -- --record-trace PATH`: SQLite's workload),
+    /// function `i` played by address `i` of the set.
+    Trace,
 }
 
 impl Workload {
@@ -183,8 +188,12 @@ impl Workload {
                 "zipf0.8" => Ok(Self::Zipf(8)),
                 "zipf1.0" => Ok(Self::Zipf(10)),
                 "zipf1.2" => Ok(Self::Zipf(12)),
+                "trace" if std::env::var_os("FPROBE_TRACE").is_some() => Ok(Self::Trace),
+                "trace" => Err("workload trace: set FPROBE_TRACE=PATH to a trace recorded by \
+                     `cargo run --release -p fprobe-sqlite-profiler -- --record-trace PATH`"
+                    .to_string()),
                 _ => Err(format!(
-                    "unknown workload {w:?} (uniform|hot|one|zipf0.8|zipf1.0|zipf1.2)"
+                    "unknown workload {w:?} (uniform|hot|one|zipf0.8|zipf1.0|zipf1.2|trace)"
                 )),
             })
             .collect()
@@ -198,6 +207,7 @@ impl Workload {
             Self::Zipf(8) => "zipf0.8",
             Self::Zipf(10) => "zipf1.0",
             Self::Zipf(_) => "zipf1.2",
+            Self::Trace => "trace",
         }
     }
 }
@@ -225,6 +235,9 @@ pub fn streams(
     seed: u64,
 ) -> Vec<Vec<u64>> {
     let len = (addrs.len() * 2).clamp(1 << 16, 1 << 21) / batch * batch;
+    if workload == Workload::Trace {
+        return trace_streams(addrs, producers, len);
+    }
     let hot = hot_set(addrs, seed);
     // Zipf: the distribution and one rank order for every producer.
     let zipf = match workload {
@@ -249,6 +262,33 @@ pub fn streams(
                     (_, Some((z, by_rank))) => by_rank[rng.sample(z) as usize - 1],
                     _ => addrs[rng.random_range(0..addrs.len())],
                 })
+                .collect()
+        })
+        .collect()
+}
+
+/// [`Workload::Trace`]: each producer replays `len` calls of the trace from
+/// its own offset (wrapping around).
+fn trace_streams(addrs: &[u64], producers: usize, len: usize) -> Vec<Vec<u64>> {
+    let path = std::env::var_os("FPROBE_TRACE").expect("checked by Workload::parse");
+    let bytes = std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("FPROBE_TRACE {}: {e}", std::path::Path::new(&path).display()));
+    let calls: Vec<usize> = bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize)
+        .collect();
+    assert!(!calls.is_empty(), "FPROBE_TRACE holds no call");
+    let functions = calls.iter().max().expect("not empty") + 1;
+    assert!(
+        functions <= addrs.len(),
+        "the trace calls {functions} functions, the set has {} addresses",
+        addrs.len()
+    );
+    (0..producers)
+        .map(|p| {
+            let at = p * calls.len() / producers;
+            (0..len)
+                .map(|k| addrs[calls[(at + k) % calls.len()]])
                 .collect()
         })
         .collect()

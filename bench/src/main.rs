@@ -193,8 +193,9 @@ fn usage() -> String {
          --addrs N              addresses (default 50000)\n\
          --addrs-source SRC     elf | self | synthetic (default elf: function symbols of the largest\n\
          \x20                      of libLLVM*, librustc_driver-*, libstdc++ found; else this binary)\n\
-         --workload LIST        uniform,hot,one,zipf0.8,zipf1.0,zipf1.2 (hot = 90% of lookups on 64\n\
-         \x20                      addresses, one = all on one, zipfS = Zipf(S) ranks over the set;\n\
+         --workload LIST        uniform,hot,one,zipf0.8,zipf1.0,zipf1.2,trace (hot = 90% of lookups on 64\n\
+         \x20                      addresses, one = all on one, zipfS = Zipf(S) ranks over the set,\n\
+         \x20                      trace = the call sequence in FPROBE_TRACE (sqlite profiler --record-trace);\n\
          \x20                      default uniform,hot; one,uniform,hot for the *-multi-all benchmarks)\n\
          --impls LIST           only these implementations (names below)\n\
          --csv PATH             one row per cell\n\
