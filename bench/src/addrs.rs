@@ -189,9 +189,11 @@ impl Workload {
                 "zipf1.0" => Ok(Self::Zipf(10)),
                 "zipf1.2" => Ok(Self::Zipf(12)),
                 "trace" if std::env::var_os("FPROBE_TRACE").is_some() => Ok(Self::Trace),
-                "trace" => Err("workload trace: set FPROBE_TRACE=PATH to a trace recorded by \
+                "trace" => Err(
+                    "workload trace: set FPROBE_TRACE=PATH to a trace recorded by \
                      `cargo run --release -p fprobe-sqlite-profiler -- --record-trace PATH`"
-                    .to_string()),
+                        .to_string(),
+                ),
                 _ => Err(format!(
                     "unknown workload {w:?} (uniform|hot|one|zipf0.8|zipf1.0|zipf1.2|trace)"
                 )),
@@ -271,8 +273,12 @@ pub fn streams(
 /// its own offset (wrapping around).
 fn trace_streams(addrs: &[u64], producers: usize, len: usize) -> Vec<Vec<u64>> {
     let path = std::env::var_os("FPROBE_TRACE").expect("checked by Workload::parse");
-    let bytes = std::fs::read(&path)
-        .unwrap_or_else(|e| panic!("FPROBE_TRACE {}: {e}", std::path::Path::new(&path).display()));
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "FPROBE_TRACE {}: {e}",
+            std::path::Path::new(&path).display()
+        )
+    });
     let calls: Vec<usize> = bytes
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize)
