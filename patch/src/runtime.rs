@@ -88,20 +88,23 @@ struct Known {
     copy: u64,
 }
 
-/// The two entry bytes at `f`, if its object is loaded.
-fn entry_bytes(f: u64) -> Option<[u8; 2]> {
-    // SAFETY: `mapped`: two readable bytes of a loaded object; volatile,
-    // as the code may be changing under other threads' feet.
-    mapped(f).then(|| unsafe { std::ptr::read_volatile(f as *const [u8; 2]) })
-}
+impl Known {
+    /// The jump its site's prefix holds while patched; `None` before its
+    /// stub exists or out of rel32 reach of it.
+    fn prefix_jmp(&self) -> Option<[u8; 5]> {
+        text::jmp_rel32(self.site, self.stub? + stubs::ENTRY_OFFSET)
+    }
 
-/// Whether what is known of `k` (at `f`) no longer describes the code
-/// there: its object is gone, or was loaded again (a patched function that
-/// shows its nops).
-fn outdated(f: u64, k: &Known) -> bool {
-    match entry_bytes(f) {
-        None => true,
-        Some(b) => k.users > 0 && b != ENTRY_JMP,
+    /// Whether the code at `f`, in an object still loaded where this was
+    /// found, is another copy of it: patched by us, yet showing its nops
+    /// (the object was unloaded and loaded again at the same place).
+    ///
+    /// # Safety
+    ///
+    /// `f`'s object is loaded (its code mapped).
+    unsafe fn reloaded(&self, f: u64) -> bool {
+        // SAFETY: by the caller's contract.
+        self.users > 0 && unsafe { read2(f) } != ENTRY_JMP
     }
 }
 
@@ -132,8 +135,13 @@ impl ModulesPresent {
                 .collect()
         });
         let m = &st.modules[module];
-        now.iter().any(|(p, c)| **p == *m.path && *c == m.code)
+        now.iter().any(|(p, c)| same_module(m, p, *c))
     }
+}
+
+/// Whether `m` is the object at `path` with its code at `code`.
+fn same_module(m: &Module, path: &str, code: (u64, u64)) -> bool {
+    *m.path == *path && m.code == code
 }
 
 /// The two bytes at `at`.
@@ -147,16 +155,6 @@ unsafe fn read2(at: u64) -> [u8; 2] {
     unsafe { std::ptr::read_volatile(at as *const [u8; 2]) }
 }
 
-/// Whether `addr` lies in an object loaded now (`dladdr`): a function of
-/// an object `dlclose`d since the scan is not touched.
-fn mapped(addr: u64) -> bool {
-    // SAFETY: dladdr only reads the loader's tables; `info` is written.
-    unsafe {
-        let mut info: libc::Dl_info = std::mem::zeroed();
-        libc::dladdr(addr as *const libc::c_void, &mut info) != 0
-    }
-}
-
 impl State {
     /// Reads the loaded objects again, keeping what is known of objects
     /// still loaded at the same place (their stubs, their users). A
@@ -164,16 +162,18 @@ impl State {
     /// is forgotten, or kept as an orphan while attached probes count it.
     fn rescan(&mut self) -> Result<(), Error> {
         let now = sites::modules()?;
-        // Reloaded: an attached function there shows its nops again.
-        let mut reloaded = vec![false; self.modules.len()];
+        let present: Vec<bool> = self
+            .modules
+            .iter()
+            .map(|k| now.iter().any(|(m, _)| same_module(k, &m.path, m.code)))
+            .collect();
+        // A present module is still the one known unless it was reloaded.
+        self.loaded.clone_from(&present);
         for (&f, k) in &self.functions {
-            if k.users > 0 && !reloaded[k.module] && outdated(f, k) {
-                reloaded[k.module] = true;
+            // SAFETY: checked present: its code is mapped.
+            if present[k.module] && unsafe { k.reloaded(f) } {
+                self.loaded[k.module] = false;
             }
-        }
-        for (i, k) in self.modules.iter().enumerate() {
-            let present = now.iter().any(|m| m.path == k.path && m.code == k.code);
-            self.loaded[i] = present && !reloaded[i];
         }
         let gone: Vec<u64> = self
             .functions
@@ -187,17 +187,16 @@ impl State {
                 self.orphans.insert((f, k.copy), k);
             }
         }
-        for m in now {
+        for (m, sites) in now {
             let known = self
                 .modules
                 .iter()
                 .zip(&self.loaded)
-                .any(|(k, &l)| l && k.path == m.path && k.code == m.code);
+                .any(|(k, &l)| l && same_module(k, &m.path, m.code));
             if known {
                 continue;
             }
             let i = self.modules.len();
-            let sites = sites::module_sites(&m)?;
             self.modules.push(m);
             self.loaded.push(true);
             for s in sites {
@@ -299,14 +298,13 @@ pub fn attach_with_cookies(
     with_cookies.dedup_by_key(|&mut (f, _)| f);
     let functions: Vec<u64> = with_cookies.iter().map(|&(f, _)| f).collect();
     let mut st = state().lock().unwrap_or_else(|p| p.into_inner());
-    // Whether each module still has something loaded where it was: one
-    // `dladdr` per module, not per function.
+    // Whether each module is still loaded where it was: asked once, not
+    // per function.
     let mut present = ModulesPresent::default();
     let stale = |st: &State, present: &mut ModulesPresent, f: u64| {
         st.functions.get(&f).is_none_or(|k| {
-            !present.check(st, k.module)
-                // SAFETY: the module's code is mapped (checked just before).
-                || (k.users > 0 && unsafe { read2(f) } != ENTRY_JMP)
+            // SAFETY: the module's code is mapped (checked just before).
+            !present.check(st, k.module) || unsafe { k.reloaded(f) }
         })
     };
     if functions.iter().any(|&f| stale(&st, &mut present, f)) {
@@ -331,12 +329,8 @@ pub fn attach_with_cookies(
         }
         // SAFETY: a site of a loaded object: its seven bytes are mapped.
         let found = unsafe { text::read7(k.site) };
-        let prefix_ok = found[..5] == PREFIX_NOPS
-            || (found[0] == 0xe9
-                && k.stub.is_some_and(|s| {
-                    text::jmp_rel32(k.site, s + stubs::ENTRY_OFFSET)
-                        .is_some_and(|j| found[..5] == j)
-                }));
+        let prefix_ok =
+            found[..5] == PREFIX_NOPS || k.prefix_jmp().is_some_and(|j| found[..5] == j);
         let entry_ok = if k.users == 0 {
             found[5..] == ENTRY_NOPS
         } else {
@@ -381,7 +375,7 @@ pub fn attach_with_cookies(
 /// handlers runs or will run; one grace period) and restores the entry
 /// nops of every function no other attached probe uses. A thread inside
 /// one of those functions finishes its call unprobed and returns to its
-/// caller through the exit trampoline, which still knows where.
+/// caller through its stub, which still knows where.
 ///
 /// # Errors
 ///
@@ -461,11 +455,9 @@ fn patch(st: &State, functions: &[u64], on: bool) -> Result<(), Error> {
             .iter()
             .map(|&f| {
                 let k = &st.functions[&f];
-                let stub = k.stub.expect("stubs made before patching");
-                let jmp = text::jmp_rel32(k.site, stub + stubs::ENTRY_OFFSET).ok_or_else(|| {
-                    Error::OutOfReach {
-                        module: st.modules[k.module].path.to_string(),
-                    }
+                k.stub.expect("stubs made before patching");
+                let jmp = k.prefix_jmp().ok_or_else(|| Error::OutOfReach {
+                    module: st.modules[k.module].path.to_string(),
                 })?;
                 Ok((k.site, jmp))
             })

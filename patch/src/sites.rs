@@ -50,9 +50,6 @@ pub(crate) struct Module {
     pub(crate) code: (u64, u64),
     /// Its `PT_LOAD` segments: start, end, `PROT_*` flags.
     pub(crate) segments: Vec<(u64, u64, i32)>,
-    /// Where its `__patchable_function_entries` section is in memory, if
-    /// it has one.
-    entries: Option<(u64, u64)>,
 }
 
 impl Module {
@@ -69,8 +66,10 @@ impl Module {
 ///
 /// # Errors
 ///
-/// [`Error::Object`] when an object with patchable functions cannot be
-/// read from its file (its symbols are needed to place the sites).
+/// [`Error::Object`] when an object's entry section does not lie in its
+/// loaded segments. An object whose file cannot be read, or no longer
+/// matches what is loaded, is skipped (its symbols are needed to place the
+/// sites).
 ///
 /// # Examples
 ///
@@ -81,10 +80,7 @@ impl Module {
 /// # Ok::<(), fprobe_patch::Error>(())
 /// ```
 pub fn sites() -> Result<Vec<Site>, Error> {
-    let mut out = Vec::new();
-    for m in modules()? {
-        out.extend(module_sites(&m)?);
-    }
+    let mut out: Vec<Site> = modules()?.into_iter().flat_map(|(_, s)| s).collect();
     out.sort_by_key(|s| s.function);
     Ok(out)
 }
@@ -93,9 +89,9 @@ pub fn sites() -> Result<Vec<Site>, Error> {
 /// `PT_LOAD` segments (file addresses, `PROT_*` flags).
 type Loaded = (String, u64, Vec<(u64, u64, i32)>);
 
-/// The loaded objects with their segments (from `dl_iterate_phdr`) and
-/// the place of their entry sections (from their files).
-pub(crate) fn modules() -> Result<Vec<Module>, Error> {
+/// The loaded objects with their segments (from `dl_iterate_phdr`), each
+/// with its sites (from its file, read once).
+pub(crate) fn modules() -> Result<Vec<(Module, Vec<Site>)>, Error> {
     let mut out = Vec::new();
     for (path, bias, segments, code) in loaded() {
         // The vDSO and objects whose file is gone have nothing to read.
@@ -114,15 +110,13 @@ pub(crate) fn modules() -> Result<Vec<Module>, Error> {
         if !same {
             continue;
         }
-        let entries = file
-            .section_by_name("__patchable_function_entries")
-            .map(|s| (s.address() + bias, s.size()));
-        out.push(Module {
+        let m = Module {
             path: path.into(),
             code,
             segments,
-            entries,
-        });
+        };
+        let sites = module_sites(&m, &file, bias)?;
+        out.push((m, sites));
     }
     Ok(out)
 }
@@ -205,11 +199,12 @@ unsafe extern "C" fn collect(
     0
 }
 
-/// The sites of one module.
-pub(crate) fn module_sites(m: &Module) -> Result<Vec<Site>, Error> {
-    let Some((at, size)) = m.entries else {
+/// The sites of module `m`, loaded with `bias`, from its parsed `file`.
+fn module_sites(m: &Module, file: &object::File<'_>, bias: u64) -> Result<Vec<Site>, Error> {
+    let Some(section) = file.section_by_name("__patchable_function_entries") else {
         return Ok(Vec::new());
     };
+    let (at, size) = (section.address() + bias, section.size());
     let object_err = |why: String| Error::Object {
         path: m.path.to_string(),
         why,
@@ -223,13 +218,6 @@ pub(crate) fn module_sites(m: &Module) -> Result<Vec<Site>, Error> {
             "entry section outside the loaded segments".into(),
         ));
     }
-    let data = std::fs::read(&*m.path).map_err(|e| object_err(e.to_string()))?;
-    let file = object::File::parse(&*data).map_err(|e| object_err(e.to_string()))?;
-    // The load bias: the section's file address against its address here.
-    let section = file
-        .section_by_name("__patchable_function_entries")
-        .ok_or_else(|| object_err("entry section vanished".into()))?;
-    let bias = at - section.address();
     // Per address the best name: a global symbol over a local one, a
     // plain name over a compiler's alias (`f.localalias`, `f.cold`).
     let mut funcs: BTreeMap<u64, (u8, Arc<str>)> = BTreeMap::new();

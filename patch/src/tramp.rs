@@ -8,15 +8,15 @@
 //! functions between any two of its instructions, so:
 //!
 //! * **an entry raises `top` before calling the probe layer** (reserving
-//!   its entry, behind a compiler fence), fills the entry only if it
-//!   replaces the return address, and otherwise lowers `top` back;
+//!   its entry, behind a compiler fence), fills the entry only if the
+//!   call's exit is wanted, and otherwise lowers `top` back;
 //! * **an exit lowers `top` only after its last read of the entry and
 //!   after the probe layer's exit ran**, behind a compiler fence.
 //!
 //! A nested handler's calls therefore push and pop strictly above the
 //! entries in use and leave `top` as they found it. An entry is written
-//! before the return address is replaced, so an exit always finds what it
-//! needs.
+//! before the stub takes the return address's slot, so an exit always
+//! finds what it needs.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering, compiler_fence};
@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering, compiler_fence};
 use crate::Regs;
 use crate::runtime;
 
-/// Calls a thread can have with their return address replaced at once;
+/// Calls with an exit to run a thread can have open at once;
 /// deeper calls run no probe and are counted in [`missed`](crate::missed).
 pub const RETURN_DEPTH: usize = 4096;
 
@@ -32,8 +32,8 @@ pub const RETURN_DEPTH: usize = 4096;
 struct Ret {
     /// The caller's return address.
     ret: u64,
-    /// Where it was on the stack (the address the exit trampoline's `ret`
-    /// popped it from).
+    /// Where it was on the stack (the slot the stub then gave to its own
+    /// return address, and the exit trampoline writes it back into).
     slot: u64,
 }
 
