@@ -7,6 +7,10 @@
 
 #[path = "common/runner.rs"]
 mod runner;
+/// The call-trace file format, shared with the harness and the profiler.
+#[path = "../bench/src/trace.rs"]
+#[allow(dead_code)] // this includer reads only
+mod trace;
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -167,11 +171,7 @@ fn sqlite_trace(threads: &[usize], run: Duration) {
         );
         return;
     };
-    let bytes = std::fs::read(&path).expect("read FPROBE_TRACE");
-    let calls: Vec<u32> = bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let calls = trace::read(path.as_ref()).expect("read FPROBE_TRACE");
     assert!(
         calls.len() > 1000,
         "FPROBE_TRACE holds {} calls",
@@ -180,12 +180,12 @@ fn sqlite_trace(threads: &[usize], run: Duration) {
     let functions = *calls.iter().max().unwrap() as usize + 1;
     let addrs = addresses(functions);
     let indexes = Indexes::new(&addrs);
-    let trace: Vec<u64> = calls.iter().map(|&i| addrs[i as usize]).collect();
+    let sequence: Vec<u64> = calls.iter().map(|&i| addrs[i as usize]).collect();
     for &t in threads {
         let streams: Vec<_> = (0..t)
             .map(|i| {
-                let at = i * trace.len() / t;
-                Arc::new([&trace[at..], &trace[..at]].concat())
+                let at = i * sequence.len() / t;
+                Arc::new([&sequence[at..], &sequence[..at]].concat())
             })
             .collect();
         indexes.row(

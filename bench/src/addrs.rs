@@ -273,15 +273,15 @@ pub fn streams(
 /// its own offset (wrapping around).
 fn trace_streams(addrs: &[u64], producers: usize, len: usize) -> Vec<Vec<u64>> {
     let path = std::env::var_os("FPROBE_TRACE").expect("checked by Workload::parse");
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| {
-        panic!(
-            "FPROBE_TRACE {}: {e}",
-            std::path::Path::new(&path).display()
-        )
-    });
-    let calls: Vec<usize> = bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize)
+    let calls: Vec<usize> = crate::trace::read(path.as_ref())
+        .unwrap_or_else(|e| {
+            panic!(
+                "FPROBE_TRACE {}: {e}",
+                std::path::Path::new(&path).display()
+            )
+        })
+        .into_iter()
+        .map(|i| i as usize)
         .collect();
     assert!(!calls.is_empty(), "FPROBE_TRACE holds no call");
     let functions = calls.iter().max().expect("not empty") + 1;

@@ -42,6 +42,10 @@ mod sqlite;
 #[allow(dead_code)] // this includer uses `median` only
 mod stats;
 mod stress;
+/// The call-trace file format, shared with its readers.
+#[path = "../../../bench/src/trace.rs"]
+#[allow(dead_code)] // this includer writes only
+mod trace;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -104,8 +108,8 @@ fn functions(path: &str, lib: &Lib) -> Vec<Func> {
 /// function attached with an entry probe that appends its index; the
 /// sequence is written to `path` as little-endian `u32`s.
 fn record(libs: &Libs, rows: i64, path: &std::path::Path) {
-    let trace = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u32>::new()));
-    let t = trace.clone();
+    let recorded = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u32>::new()));
+    let t = recorded.clone();
     let probe = fprobe::probe::Fprobe::<fprobe_patch::Regs>::builder()
         .entry(move |e| {
             // One thread records: the lock is never contended.
@@ -117,13 +121,12 @@ fn record(libs: &Libs, rows: i64, path: &std::path::Path) {
         .expect("attach every patchable function");
     sqlite::workload(&libs.patch, 0x9E37_79B9, rows);
     fprobe_patch::detach(a).expect("detach");
-    let trace = std::mem::take(&mut *trace.lock().unwrap());
-    let bytes: Vec<u8> = trace.iter().flat_map(|i| i.to_le_bytes()).collect();
-    std::fs::write(path, bytes).expect("write the trace");
-    let distinct = trace.iter().collect::<std::collections::HashSet<_>>().len();
+    let calls = std::mem::take(&mut *recorded.lock().unwrap());
+    trace::write(path, &calls).expect("write the trace");
+    let distinct = calls.iter().collect::<std::collections::HashSet<_>>().len();
     println!(
         "{} calls to {distinct} functions written to {}",
-        trace.len(),
+        calls.len(),
         path.display()
     );
 }
