@@ -93,34 +93,31 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // Relaxed: see `reset_pairing`.
         local.begin(self.epoch.load(Ordering::Relaxed));
         let attached = self.index.get(addr, guard);
-        let mut kept = false;
-        if attached.is_empty() {
-            if MARK {
-                local.push_marker();
-            }
+        // `Some(kept)` when the probes ran and `entry_frame` pushed the
+        // call's frame (or marker); `None` when nothing ran.
+        let framed = if attached.is_empty() {
+            None
         } else {
             match recursion::enter() {
                 Entered::Run(level) => {
-                    kept = self.entry_frame::<MARK>(local, attached, addr, ret_addr, ctx);
+                    let kept = self.entry_frame::<MARK>(local, attached, addr, ret_addr, ctx);
                     drop(level);
+                    Some(kept)
                 }
                 Entered::Recursion => {
                     for a in attached {
                         count(local, a, Counter::Recursion);
                     }
-                    if MARK {
-                        local.push_marker();
-                    }
+                    None
                 }
-                Entered::Ignored => {
-                    if MARK {
-                        local.push_marker();
-                    }
-                }
+                Entered::Ignored => None,
             }
+        };
+        if MARK && framed.is_none() {
+            local.push_marker();
         }
         local.end();
-        kept
+        framed.unwrap_or(false)
     }
 
     /// Runs the entry side of every probe in `attached` and pushes the
