@@ -6,19 +6,25 @@
 //! without the lookups, and divides the difference by the lookup count, so
 //! building the maps and the streams cancels out.
 //!
-//! `cargo run --release --example lookup_counts -- fprobe|hashbrown hot|uniform LOOKUPS [skip]`
+//! `fprobe-switched` and `fprobe-cached` are the index with its hit cache
+//! (default configuration, and always on); the first prints on stderr
+//! whether its switch ended on or off.
+//!
+//! `cargo run --release --example lookup_counts -- fprobe|fprobe-switched|fprobe-cached|hashbrown hot|uniform LOOKUPS [skip]`
 //! (the script passes the lookup count it divides by).
 
 use std::hint::black_box;
 
-use fprobe::{AddrIndex, rcu};
+use fprobe::{AddrIndex, HitCacheConfig, rcu};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (imp, work, lookups) = match (args.first(), args.get(1), args.get(2).map(|n| n.parse())) {
         (Some(i), Some(w), Some(Ok(n))) => (i.as_str(), w.as_str(), n),
         _ => {
-            eprintln!("usage: lookup_counts fprobe|hashbrown hot|uniform LOOKUPS [skip]");
+            eprintln!(
+                "usage: lookup_counts fprobe|fprobe-switched|fprobe-cached|hashbrown hot|uniform LOOKUPS [skip]"
+            );
             std::process::exit(2);
         }
     };
@@ -45,15 +51,26 @@ fn main() {
         })
         .collect();
     let sum = match imp {
-        "fprobe" => {
-            let index = AddrIndex::<u64>::builder()
-                .hash_seed(7)
-                .build()
-                .expect("valid");
+        "fprobe" | "fprobe-switched" | "fprobe-cached" => {
+            let builder = AddrIndex::<u64>::builder().hash_seed(7);
+            let builder = match imp {
+                "fprobe-switched" => builder.hit_cache(HitCacheConfig::new()),
+                "fprobe-cached" => builder.hit_cache(HitCacheConfig::new().adaptive(false)),
+                _ => builder,
+            };
+            let index = builder.build().expect("valid");
             index
                 .insert_many(keys.iter().map(|&k| (k, k)))
                 .expect("no limit");
-            fprobe_lookups(&index, if skip { &[] } else { &stream })
+            let sum = fprobe_lookups(&index, if skip { &[] } else { &stream });
+            if let (Some(s), "fprobe-switched") = (index.hit_cache_stats(), imp) {
+                eprintln!(
+                    "switch: {}, trials {}",
+                    if s.enabled { "on" } else { "off" },
+                    s.trials
+                );
+            }
+            sum
         }
         "hashbrown" => {
             let mut map: hashbrown::HashMap<u64, Vec<u64>> = hashbrown::HashMap::new();

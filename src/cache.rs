@@ -1,10 +1,36 @@
 //! The recent-hit cache: a small per-thread, set-associative cache of
-//! `address → record` in front of an [`AddrIndex`](crate::AddrIndex)
-//! (the kernel's never-merged "kpcache", done so it can never be stale).
+//! `address → answer` (the kernel's never-merged "kpcache", done so it can
+//! never be stale).
 //!
-//! Opt-in through [`AddrIndexBuilder::hit_cache`](crate::AddrIndexBuilder::hit_cache);
-//! lookups keep using [`AddrIndex::get`](crate::AddrIndex::get) and
-//! [`AddrIndex::lookup`](crate::AddrIndex::lookup) unchanged.
+//! Two ways to use it:
+//!
+//! * Built into an [`AddrIndex`](crate::AddrIndex), remembering record
+//!   pointers: opt-in through
+//!   [`AddrIndexBuilder::hit_cache`](crate::AddrIndexBuilder::hit_cache);
+//!   lookups keep using [`AddrIndex::get`](crate::AddrIndex::get) and
+//!   [`AddrIndex::lookup`](crate::AddrIndex::lookup) unchanged.
+//! * Standing alone, [`HitCache`], in front of any other lookup (a chained
+//!   table, a sorted array, a tree), holding the answer itself (an index
+//!   or a pointer), so a hit reads one set of the cache and no other line.
+//!
+//! # Where it pays
+//!
+//! Measured (`cargo bench --bench hit_cache`, one / two threads, cached ÷
+//! uncached throughput of back-to-back lookups, BENCHMARKS.md):
+//!
+//! | in front of | trace | always on | switched (default) |
+//! |---|---|---:|---:|
+//! | chained table, 40,000 in 4,096 buckets | Zipf(1.0) over 20,000 | 0.75 / 0.83 | 0.80 / 1.01 |
+//! | chained table, 40,000 in 4,096 buckets | uniform over 20,000 | 1.07 / 0.86 | off |
+//! | `AddrIndex`, 50,000 or 1,000,000 | Zipf, hot-64, uniform, SQLite calls | 0.25–0.56 | 0.79–1.08 |
+//!
+//! It pays nowhere measured so far. In front of the index, the lines of the
+//! addresses a cache would keep are the ones already in the processor's
+//! caches, so a hit saves about one L2 access, while the cached path costs
+//! about 90 instructions per hit against the 51 of a whole uncached lookup
+//! (callgrind, `examples/lookup_counts.rs`); the misses (the cold tail a
+//! 24 KiB cache cannot hold) cost what they cost without it.
+//! The switch then keeps it off, at the price below.
 //!
 //! # Why it can help
 //!
@@ -72,28 +98,36 @@
 //!
 //! 1. **Warm-up**: 1,024 lookups through the cache (untimed), so that its
 //!    hot entries are filled.
-//! 2. **Windows**: six of 256 lookups, three through the cache and three
+//! 2. **Windows**: six of 1,024 lookups, three through the cache and three
 //!    past it, in the order C U U C C U (a steady drift of the machine's
 //!    speed cancels out), each timed with the time-stamp counter (the
 //!    monotonic clock off x86-64): two clock reads per window, none per
 //!    lookup. The time covers everything the thread did between its
 //!    lookups, so the benefit is the thread's, not a micro-benchmark's.
 //! 3. **Decision**: the index's switch goes on if the median of the
-//!    cached windows beat the median of the others by at least 1/32, else
-//!    off (a window stretched by a preemption does not decide).
+//!    cached windows beat the median of the others by at least 1/16, else
+//!    off (a window stretched by a preemption does not decide; a cache
+//!    that wins by less is not worth the risk of a wrong "on").
 //!
 //! While the switch is on, every lookup goes through the thread's cache
 //! and each thread runs a new trial after 65,536 of them. While it is off,
-//! a lookup loads the switch (a line written only when a trial changes
-//! it) and counts down a thread-local number, then looks the index up as
-//! an uncached one does: no call, no per-thread lookup. When a thread's
+//! a lookup loads the switch (an index keeps it on the line its lookups
+//! read first, written only when a trial changes it) and counts down a
+//! thread-local number, then looks the index up as an uncached one does,
+//! through the same inline code: no call, no per-thread lookup. That is
+//! about 12 instructions on a 51-instruction lookup (callgrind,
+//! `examples/lookup_counts.rs`), so a switched-off cache still costs a
+//! lookup loop that the processor overlaps several of a few percent. When a thread's
 //! count reaches zero, 65,536 lookups after its last trial (of any
 //! switched-off index: a thread's indexes share one count, so each is
 //! re-tried in proportion to its share of the thread's lookups), its next
-//! lookup through a switched-off cache starts a trial.
+//! lookup through a switched-off cache starts a trial. Each further trial
+//! lost in a row doubles the wait, up to 8 Mi lookups; a won trial resets
+//! it.
 //!
-//! Trials are 4% of a thread's lookups, and where the cache loses it is
-//! still used in under 3% of them. One switch per index, not per thread:
+//! A trial is 7,168 lookups, 4,096 of them through the cache. Where the
+//! cache keeps losing, trials soon come once per 8 Mi lookups (under 0.1%
+//! of them); where it wins, one per 64 Ki. One switch per index, not per thread:
 //! the last trial decides for all, so threads with different patterns
 //! make it follow the latest.
 //!
@@ -145,7 +179,7 @@ use std::cell::Cell;
 use crate::cpu::CpuSource;
 use crate::per_thread::{CacheSlot, PerThread};
 use crate::sync::unmodelled::{self, AtomicU64};
-use crate::sync::{AtomicPtr, CachePadded, Ordering, compiler_fence, fence};
+use crate::sync::{CachePadded, Ordering, compiler_fence, fence};
 
 /// Configuration of the recent-hit cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,12 +274,12 @@ impl HitCacheConfig {
     /// a thread keeps only its counters).
     pub fn bytes_per_thread(&self) -> usize {
         let entries = if self.per_cpu { 0 } else { self.entries };
-        entries * std::mem::size_of::<Entry>() + std::mem::size_of::<ThreadCache<()>>()
+        entries * std::mem::size_of::<Entry>() + std::mem::size_of::<ThreadCache<u64>>()
     }
 
     /// Bytes one CPU's cache occupies (per-CPU mode).
     pub fn bytes_per_cpu(&self) -> usize {
-        self.entries * std::mem::size_of::<SharedEntry<()>>()
+        self.entries * std::mem::size_of::<SharedEntry>()
     }
 }
 
@@ -307,20 +341,78 @@ pub enum HitCacheMode {
 }
 
 #[derive(Clone, Copy)]
-struct Entry<R = *mut ()> {
+struct Entry<A = u64> {
     addr: u64,
-    rec: R,
-    /// Generation at fill; `u64::MAX` marks an empty entry (the index's
+    answer: A,
+    /// Generation at fill; `u64::MAX` marks an empty entry (the
     /// generation never reaches it).
     generation: u64,
 }
 
 /// An empty entry.
-fn empty<R>() -> Entry<*mut R> {
+fn empty<A: Answer>() -> Entry<A> {
     Entry {
         addr: 0,
-        rec: std::ptr::null_mut(),
+        answer: A::from_word(0),
         generation: u64::MAX,
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// What a [`HitCache`] remembers for an address: one machine word or less
+/// (an integer, or a pointer the cache never dereferences). Implemented for
+/// `u32`, `u64`, `usize`, `*const T` and `*mut T`.
+pub trait Answer: Copy + sealed::Sealed {
+    /// The answer as a word (per-CPU caches store it in an atomic).
+    #[doc(hidden)]
+    fn to_word(self) -> u64;
+    /// The answer [`to_word`](Self::to_word) made `w` from.
+    #[doc(hidden)]
+    fn from_word(w: u64) -> Self;
+}
+
+macro_rules! int_answer {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Answer for $t {
+            #[inline(always)]
+            fn to_word(self) -> u64 {
+                self as u64
+            }
+            #[inline(always)]
+            fn from_word(w: u64) -> Self {
+                // Only ever given a word `to_word` made from a `$t`.
+                w as $t
+            }
+        }
+    )*};
+}
+int_answer!(u32, u64, usize);
+
+impl<T> sealed::Sealed for *mut T {}
+impl<T> Answer for *mut T {
+    #[inline(always)]
+    fn to_word(self) -> u64 {
+        self.expose_provenance() as u64
+    }
+    #[inline(always)]
+    fn from_word(w: u64) -> Self {
+        std::ptr::with_exposed_provenance_mut(w as usize)
+    }
+}
+
+impl<T> sealed::Sealed for *const T {}
+impl<T> Answer for *const T {
+    #[inline(always)]
+    fn to_word(self) -> u64 {
+        self.expose_provenance() as u64
+    }
+    #[inline(always)]
+    fn from_word(w: u64) -> Self {
+        std::ptr::with_exposed_provenance(w as usize)
     }
 }
 
@@ -393,37 +485,38 @@ fn through_set<R: Copy>(
     for e in set {
         let e = e.get();
         if e.addr == addr && e.generation == now {
-            return (e.rec, true);
+            return (e.answer, true);
         }
     }
-    let rec = miss();
+    let answer = miss();
     let filled_at = fill_generation(generation, now);
     set[victim].set(Entry {
         addr,
-        rec,
+        answer,
         generation: filled_at,
     });
-    (rec, false)
+    (answer, false)
 }
 
 /// One entry of a per-CPU cache: the threads running on the CPU share it,
 /// and a thread may be preempted or migrate mid-lookup, so the fields are
 /// atomics guarded by a seqlock (`seq` odd while a fill writes them).
 #[repr(align(32))]
-struct SharedEntry<T> {
+struct SharedEntry {
     seq: crate::sync::AtomicU64,
     addr: crate::sync::AtomicU64,
-    rec: AtomicPtr<T>,
+    /// The answer, [`Answer::to_word`].
+    answer: crate::sync::AtomicU64,
     /// Generation at fill; `u64::MAX` when empty.
     generation: crate::sync::AtomicU64,
 }
 
-impl<T> SharedEntry<T> {
+impl SharedEntry {
     fn empty() -> Self {
         Self {
             seq: crate::sync::AtomicU64::new(0),
             addr: crate::sync::AtomicU64::new(0),
-            rec: AtomicPtr::new(std::ptr::null_mut()),
+            answer: crate::sync::AtomicU64::new(0),
             generation: crate::sync::AtomicU64::new(u64::MAX),
         }
     }
@@ -435,13 +528,13 @@ impl<T> SharedEntry<T> {
 /// another thread holds it. The generation protocol is the per-thread one:
 /// loaded before the index lookup, stored with the entry.
 #[inline(always)]
-fn through_shared_set<T>(
+fn through_shared_set<A: Answer>(
     generation: &impl Generation,
-    set: &[SharedEntry<T>],
+    set: &[SharedEntry],
     victim: usize,
     addr: u64,
-    miss: impl FnOnce() -> *mut T,
-) -> (*mut T, bool) {
+    miss: impl FnOnce() -> A,
+) -> (A, bool) {
     let now = generation.current();
     for e in set {
         // Acquire: pairs with the Release store that ended the fill; the
@@ -451,7 +544,7 @@ fn through_shared_set<T>(
             continue;
         }
         let a = e.addr.load(Ordering::Relaxed);
-        let r = e.rec.load(Ordering::Relaxed);
+        let r = e.answer.load(Ordering::Relaxed);
         let g = e.generation.load(Ordering::Relaxed);
         // Acquire fence: if a load above read a store of a later fill, that
         // fill's Release fence synchronises with this one, so its odd `seq`
@@ -461,10 +554,10 @@ fn through_shared_set<T>(
             continue;
         }
         if a == addr && g == now {
-            return (r, true);
+            return (A::from_word(r), true);
         }
     }
-    let rec = miss();
+    let answer = miss();
     let filled_at = fill_generation(generation, now);
     let e = &set[victim];
     let s = e.seq.load(Ordering::Relaxed);
@@ -477,19 +570,19 @@ fn through_shared_set<T>(
         // Release fence: pairs with the readers' Acquire fence (above).
         fence(Ordering::Release);
         e.addr.store(addr, Ordering::Relaxed);
-        e.rec.store(rec, Ordering::Relaxed);
+        e.answer.store(answer.to_word(), Ordering::Relaxed);
         e.generation.store(filled_at, Ordering::Relaxed);
         // Release: pairs with the readers' Acquire `seq` load.
         e.seq.store(s + 2, Ordering::Release);
     }
-    (rec, false)
+    (answer, false)
 }
 
 /// The per-CPU caches of one index.
-struct PerCpu<R> {
+struct PerCpu {
     source: CpuSource,
     /// `cpus × entries`, CPU-major. Invariant: `cpus` is a power of two.
-    entries: Box<[SharedEntry<R>]>,
+    entries: Box<[SharedEntry]>,
     cpus: usize,
 }
 
@@ -497,8 +590,13 @@ struct PerCpu<R> {
 /// through the cache to warm it, lookups per timed window, and lookups
 /// run in the chosen mode before the next trial.
 const WARM_UP: u32 = 1024;
-const WINDOW: u32 = 256;
+const WINDOW: u32 = 1024;
 const RUN: u32 = 64 * 1024;
+
+/// After `n` trials in a row that found the cache slower, the thread waits
+/// `RUN << min(n - 1, MAX_BACKOFF)` lookups before its next one (64 Ki to
+/// 8 Mi): a cache that keeps losing costs its trials less and less.
+const MAX_BACKOFF: u8 = 7;
 
 /// The steps of a trial after the warm-up: whether each timed window goes
 /// through the cache, in an order (C U U C C U) that cancels a linear
@@ -533,9 +631,9 @@ fn ticks() -> u64 {
 /// One thread's cache for one index. Owned by the thread (the
 /// `PerThread` invariant: one owner at a time); other threads only read
 /// the counters.
-struct ThreadCache<R> {
+struct ThreadCache<A> {
     /// Invariant: `entries.len() == sets * ways`.
-    entries: Box<[Cell<Entry<*mut R>>]>,
+    entries: Box<[Cell<Entry<A>>]>,
     set_mask: usize,
     ways: usize,
     victim: Cell<usize>,
@@ -549,6 +647,8 @@ struct ThreadCache<R> {
     /// The step: 0 the warm-up, 1..=6 the timed windows of [`TRIAL`],
     /// [`RUN_STEP`] the run in the chosen mode.
     step: Cell<u8>,
+    /// Trials lost in a row (the backoff, [`MAX_BACKOFF`]).
+    losses: Cell<u8>,
     /// [`ticks`] when the current timed window started.
     started: Cell<u64>,
     /// The trial's window times, in [`TRIAL`] order.
@@ -565,9 +665,9 @@ struct ThreadCache<R> {
 // `counters` are atomics stored by the owner and loaded by `stats`. The
 // entries' record pointers are only dereferenced by their owner under a
 // read guard, after the generation check.
-unsafe impl<R> Sync for ThreadCache<R> {}
+unsafe impl<A> Sync for ThreadCache<A> {}
 // SAFETY: as above; a `ThreadCache` is dropped with its index, on any thread.
-unsafe impl<R> Send for ThreadCache<R> {}
+unsafe impl<A> Send for ThreadCache<A> {}
 
 /// Counters of one thread, readable by `stats()`. Only the owning thread
 /// stores them (load + store, no read-modify-write on a shared line).
@@ -590,22 +690,92 @@ impl Counters {
     }
 }
 
-/// The cache of one index.
+/// A recent-hit cache in front of any lookup keyed by a `u64` address:
+/// per-thread (or per-CPU) sets of `address → answer`, never stale, with
+/// the switch that keeps it only where it is faster (module docs).
 ///
-/// Generic over the record type `R` it remembers pointers to (the index's
-/// record header): the cache never dereferences them.
-pub(crate) struct HitCache<R> {
+/// [`AddrIndex`](crate::AddrIndex) has one built in
+/// ([`AddrIndexBuilder::hit_cache`](crate::AddrIndexBuilder::hit_cache)),
+/// remembering record pointers. Standing alone it serves any other table:
+/// the answer is held in the entry itself (an [`Answer`]: an integer such
+/// as an index into the caller's array, or a pointer), so a hit reads one
+/// set of the cache and nothing else.
+///
+/// The caller's side of the never-stale protocol: after changing what
+/// `miss` would return for an address, call [`invalidate`](Self::invalidate)
+/// *before* freeing or reusing anything an old answer refers to. A lookup
+/// that begins after `invalidate` returns never sees an answer filled
+/// before it.
+///
+/// # Examples
+///
+/// A chained table (the kernel's kprobe hash list) behind the cache:
+///
+/// ```
+/// use fprobe::cache::HitCache;
+/// use fprobe::HitCacheConfig;
+/// use std::sync::RwLock;
+///
+/// // bucket → (address, probe number); 4 buckets, long chains.
+/// let table: RwLock<Vec<Vec<(u64, u32)>>> =
+///     RwLock::new((0..4).map(|b| (0..10).map(|i| (b + 4 * i, i as u32)).collect()).collect());
+/// let find = |addr: u64| {
+///     let t = table.read().unwrap();
+///     t[addr as usize % 4].iter().find(|e| e.0 == addr).map_or(u32::MAX, |e| e.1)
+/// };
+/// let cache = HitCache::<u32>::new(HitCacheConfig::new()).unwrap();
+/// assert_eq!(cache.lookup(9, || find(9)), 2);
+/// assert_eq!(cache.lookup(9, || unreachable!("a hit")), 2);
+///
+/// // A write: change the table, then invalidate.
+/// table.write().unwrap()[1][2].1 = 7;
+/// cache.invalidate();
+/// assert_eq!(cache.lookup(9, || find(9)), 7);
+/// ```
+pub struct HitCache<A: Answer> {
     config: HitCacheConfig,
     /// Each thread's cache (in per-CPU mode: its counters and bypass
-    /// state), freed with the index.
-    locals: PerThread<ThreadCache<R>>,
-    /// The index's write generation, bumped by every record publish/unlink.
-    pub(crate) generation: CachePadded<unmodelled::AtomicU64>,
+    /// state), freed with the cache.
+    locals: PerThread<ThreadCache<A>>,
+    /// The write generation, advanced by every invalidation (for an index:
+    /// every record publish or unlink).
+    generation: CachePadded<unmodelled::AtomicU64>,
     /// The per-CPU caches, in per-CPU mode.
-    per_cpu: Option<PerCpu<R>>,
-    /// The switch (module docs): whether the last trial found the cache
-    /// faster. Read by every lookup, stored only when a trial changes it.
-    enabled: unmodelled::AtomicBool,
+    per_cpu: Option<PerCpu>,
+    /// The switch of a standalone cache ([`Switch`]; an index keeps its
+    /// cache's elsewhere).
+    enabled: Switch,
+}
+
+/// A cache's switch (module docs): whether the last trial found the cache
+/// faster. Read by every lookup, stored only when a trial changes it. A
+/// standalone [`HitCache`] holds its own; an index keeps its cache's on the
+/// line every lookup reads first, so that a switched-off cache costs no
+/// load of a line of its own.
+pub(crate) type Switch = unmodelled::AtomicBool;
+
+/// Whether this lookup goes past the cache whose switch is `switch`: the
+/// switch is off and the thread's countdown to its next trial has not run
+/// out (it is then counted down). Inlined into the index's lookup, so a
+/// switched-off cache costs the switch's load and one thread-local
+/// countdown: no call, no per-thread lookup. A signal handler that
+/// interrupts the countdown may lose one count, which only moves the next
+/// trial.
+#[inline(always)]
+pub(crate) fn switched_off(switch: &Switch) -> bool {
+    // Relaxed: a hint that publishes nothing; the entries have their own
+    // protocol.
+    if switch.load(Ordering::Relaxed) {
+        return false;
+    }
+    UNTIL_TRIAL.with(|n| {
+        let left = n.get();
+        if left == 0 {
+            return false;
+        }
+        n.set(left - 1);
+        true
+    })
 }
 
 std::thread_local! {
@@ -615,8 +785,17 @@ std::thread_local! {
     static UNTIL_TRIAL: Cell<u32> = const { Cell::new(0) };
 }
 
-impl<R> HitCache<R> {
-    pub(crate) fn new(config: HitCacheConfig) -> Self {
+impl<A: Answer> HitCache<A> {
+    /// A cache with `config`; [`Error::InvalidConfig`](crate::Error::InvalidConfig)
+    /// when it is out of range (see [`HitCacheConfig`]). Nothing is
+    /// allocated per thread until a thread's first lookup.
+    pub fn new(config: HitCacheConfig) -> Result<Self, crate::Error> {
+        config.validate().map_err(crate::Error::InvalidConfig)?;
+        Ok(Self::with_valid(config))
+    }
+
+    /// [`new`](Self::new) for a configuration already validated.
+    pub(crate) fn with_valid(config: HitCacheConfig) -> Self {
         Self {
             config,
             locals: PerThread::new(CacheSlot::HitCache),
@@ -646,43 +825,45 @@ impl<R> HitCache<R> {
         }
     }
 
+    /// The answer for `addr`: from the calling thread's cache when an entry
+    /// filled since the last [`invalidate`](Self::invalidate) holds it,
+    /// else `miss()` (which then fills an entry). Async-signal-safe when
+    /// `miss` is: a lookup from a signal handler that interrupted one of
+    /// the same thread's goes straight to `miss`.
+    #[inline]
+    pub fn lookup(&self, addr: u64, miss: impl FnOnce() -> A) -> A {
+        if switched_off(&self.enabled) {
+            return miss();
+        }
+        self.lookup_through(addr, &self.enabled, miss)
+    }
+
+    /// Makes every entry filled so far unusable, on every thread: call it
+    /// after changing what `miss` returns, before freeing what an old
+    /// answer refers to (type docs). One atomic increment.
+    #[inline]
+    pub fn invalidate(&self) {
+        self.generation.advance();
+    }
+
+    /// Counters, summed over threads.
+    pub fn stats(&self) -> HitCacheStats {
+        self.collect_stats(&self.enabled)
+    }
+
     /// Records that a write published or unlinked a record. Call after the
     /// publish and before retiring the old record.
     #[inline]
     pub(crate) fn bump(&self) {
-        self.generation.advance();
-    }
-
-    /// Whether this lookup goes past the cache: the switch is off and the
-    /// thread's countdown to its next trial has not run out (it is then
-    /// counted down). Inlined into the index's lookup, so a switched-off
-    /// cache costs one load of a line that is written only when a trial
-    /// changes the switch, and one thread-local countdown: no call, no
-    /// per-thread lookup. A signal handler that interrupts the countdown
-    /// may lose one count, which only moves the next trial.
-    #[inline(always)]
-    pub(crate) fn switched_off(&self) -> bool {
-        // Relaxed: a hint that publishes nothing; the entries have their
-        // own protocol.
-        if self.enabled.load(Ordering::Relaxed) {
-            return false;
-        }
-        UNTIL_TRIAL.with(|n| {
-            let left = n.get();
-            if left == 0 {
-                return false;
-            }
-            n.set(left - 1);
-            true
-        })
+        self.invalidate();
     }
 
     /// Looks `addr` up through the calling thread's cache; `miss` does the
-    /// index lookup. The caller holds a read guard and has asked
-    /// [`switched_off`](Self::switched_off) first (this is the path of a
-    /// switched-on cache and of a thread's trials).
+    /// lookup behind it. The caller has asked [`switched_off`] of `switch`,
+    /// the cache's switch, first (this is the path of a switched-on cache
+    /// and of a thread's trials).
     #[inline]
-    pub(crate) fn lookup(&self, addr: u64, miss: impl FnOnce() -> *mut R) -> *mut R {
+    pub(crate) fn lookup_through(&self, addr: u64, switch: &Switch, miss: impl FnOnce() -> A) -> A {
         let local = match self.locals.get() {
             Some(l) => l,
             None => match self.local() {
@@ -701,7 +882,7 @@ impl<R> HitCache<R> {
         // The flag is in memory before any entry is read or written (a
         // signal handler runs on this thread: program order suffices).
         compiler_fence(Ordering::SeqCst);
-        let rec = self.lookup_owned(local, addr, miss);
+        let rec = self.lookup_owned(local, addr, switch, miss);
         // Every entry and counter access is done before the flag clears.
         compiler_fence(Ordering::SeqCst);
         local.busy.set(false);
@@ -713,14 +894,15 @@ impl<R> HitCache<R> {
     #[inline(always)]
     fn lookup_owned(
         &self,
-        local: &ThreadCache<R>,
+        local: &ThreadCache<A>,
         addr: u64,
-        miss: impl FnOnce() -> *mut R,
-    ) -> *mut R {
+        switch: &Switch,
+        miss: impl FnOnce() -> A,
+    ) -> A {
         if !local.cached.get() {
             // A trial's window without the cache.
             Counters::bump(&local.counters.bypassed);
-            local.tick(&self.enabled);
+            local.tick(switch);
             return miss();
         }
         let base = (mix(addr) as usize & local.set_mask) * local.ways;
@@ -743,7 +925,7 @@ impl<R> HitCache<R> {
             local.victim.set(local.victim.get().wrapping_add(1));
             Counters::bump(&local.counters.misses);
         }
-        local.tick(&self.enabled);
+        local.tick(switch);
         rec
     }
 
@@ -752,7 +934,7 @@ impl<R> HitCache<R> {
     /// generation like any other); `None` while the thread's thread-locals
     /// are being destroyed.
     #[cold]
-    fn local(&self) -> Option<&ThreadCache<R>> {
+    fn local(&self) -> Option<&ThreadCache<A>> {
         let c = self.config;
         let per_cpu = self.per_cpu.is_some();
         self.locals.get_or(
@@ -769,6 +951,7 @@ impl<R> HitCache<R> {
                 adaptive: c.adaptive,
                 left: Cell::new(if c.adaptive { WARM_UP } else { RUN }),
                 step: Cell::new(if c.adaptive { 0 } else { RUN_STEP }),
+                losses: Cell::new(0),
                 started: Cell::new(0),
                 times: Default::default(),
                 busy: Cell::new(false),
@@ -778,7 +961,7 @@ impl<R> HitCache<R> {
         )
     }
 
-    pub(crate) fn stats(&self) -> HitCacheStats {
+    pub(crate) fn collect_stats(&self, switch: &Switch) -> HitCacheStats {
         let mut s = HitCacheStats::default();
         for l in self.locals.iter() {
             // Relaxed: statistics; no other memory is published with them.
@@ -790,7 +973,7 @@ impl<R> HitCache<R> {
             s.threads += 1;
         }
         // Relaxed: a statistic.
-        s.enabled = self.enabled.load(Ordering::Relaxed);
+        s.enabled = switch.load(Ordering::Relaxed);
         let c = self.config;
         match &self.per_cpu {
             Some(pc) => {
@@ -814,10 +997,10 @@ impl<R> HitCache<R> {
     }
 }
 
-impl<R> ThreadCache<R> {
+impl<A> ThreadCache<A> {
     /// Counts one lookup against the current step of the schedule.
     #[inline(always)]
-    fn tick(&self, enabled: &unmodelled::AtomicBool) {
+    fn tick(&self, enabled: &Switch) {
         let left = self.left.get() - 1;
         if left > 0 {
             self.left.set(left);
@@ -830,7 +1013,7 @@ impl<R> ThreadCache<R> {
     /// step (after the last window, the run in the faster mode; after the
     /// run, a new trial).
     #[cold]
-    fn next_step(&self, enabled: &unmodelled::AtomicBool) {
+    fn next_step(&self, enabled: &Switch) {
         if !self.adaptive {
             // Always on: one endless run.
             self.left.set(RUN);
@@ -850,11 +1033,16 @@ impl<R> ThreadCache<R> {
                 enabled.store(pays, Ordering::Relaxed);
             }
             Counters::bump(&self.counters.trials);
-            if !pays {
-                // Off: the thread's next `RUN` lookups of switched-off
-                // caches skip it; the one after runs a new trial here,
-                // from the warm-up.
-                UNTIL_TRIAL.with(|n| n.set(RUN));
+            if pays {
+                self.losses.set(0);
+            } else {
+                // Off: the thread's next lookups of switched-off caches
+                // skip it, `RUN` of them and twice as many after every
+                // further trial lost in a row; the one after runs a new
+                // trial here, from the warm-up.
+                let losses = self.losses.get();
+                self.losses.set(losses.saturating_add(1));
+                UNTIL_TRIAL.with(|n| n.set(RUN << losses.min(MAX_BACKOFF)));
                 next = 0;
             }
         }
@@ -869,7 +1057,7 @@ impl<R> ThreadCache<R> {
         self.started.set(ticks());
     }
 
-    /// Whether the trial's cached windows ran at least 1/32 faster than
+    /// Whether the trial's cached windows ran at least 1/16 faster than
     /// its bypassed ones, window medians compared (a window that a
     /// preemption or an interrupt stretched does not decide).
     fn cache_pays(&self) -> bool {
@@ -893,7 +1081,7 @@ fn cache_pays(times: [u64; TRIAL.len()]) -> bool {
         t[1]
     };
     let (cached, bypassed) = (median(true), median(false));
-    u128::from(cached) * 32 < u128::from(bypassed) * 31
+    u128::from(cached) * 16 < u128::from(bypassed) * 15
 }
 
 #[inline(always)]
@@ -941,7 +1129,7 @@ mod loom_tests {
             let reader = loom::thread::spawn(move || {
                 let empty = Entry {
                     addr: 0,
-                    rec: 0usize,
+                    answer: 0usize,
                     generation: u64::MAX,
                 };
                 let set = [Cell::new(empty), Cell::new(empty)];
@@ -977,7 +1165,7 @@ mod loom_tests {
             let generation = Arc::new(AtomicU64::new(0));
             let record = Arc::new(loom::sync::atomic::AtomicPtr::new(v1));
             let returned = Arc::new(AtomicBool::new(false));
-            let set = Arc::new([SharedEntry::<u32>::empty(), SharedEntry::<u32>::empty()]);
+            let set = Arc::new([SharedEntry::empty(), SharedEntry::empty()]);
             let writer = {
                 let (g, r, done) = (generation.clone(), record.clone(), returned.clone());
                 loom::thread::spawn(move || {
@@ -996,10 +1184,12 @@ mod loom_tests {
                     );
                     loom::thread::spawn(move || {
                         let index = || r.load(Ordering::Acquire);
-                        let (first, _) = through_shared_set(&*g, &set[..], i, 7, index);
+                        let (first, _): (*mut u32, _) =
+                            through_shared_set(&*g, &set[..], i, 7, index);
                         assert!(first as usize == p1 || first as usize == p2, "torn entry");
                         if i == 1 && done.load(Ordering::Acquire) {
-                            let (second, _) = through_shared_set(&*g, &set[..], 0, 7, index);
+                            let (second, _): (*mut u32, _) =
+                                through_shared_set(&*g, &set[..], 0, 7, index);
                             assert_eq!(
                                 second as usize, p2,
                                 "per-CPU hit cache returned a replaced record"
@@ -1030,7 +1220,7 @@ mod tests {
         // Windows in TRIAL order: C U U C C U.
         assert!(cache_pays([90, 100, 100, 90, 90, 100]), "10% faster");
         assert!(!cache_pays([100, 100, 100, 100, 100, 100]), "a tie");
-        assert!(!cache_pays([99, 100, 100, 99, 99, 100]), "under 1/32");
+        assert!(!cache_pays([95, 100, 100, 95, 95, 100]), "under 1/16");
         assert!(!cache_pays([120, 100, 100, 120, 120, 100]), "slower");
         // One stretched window on either side does not decide.
         assert!(cache_pays([90, 100, 1, 90, 90, 100]), "bypassed outlier");

@@ -8,7 +8,8 @@
 //!   grace periods, deferred reclamation.
 //! * [`AddrIndex`] ([`index`]) — the address index: a multi-value concurrent
 //!   hash table with lock-free, store-free lookups and online resize.
-//! * [`cache`] — an opt-in per-thread recent-hit cache in front of the index.
+//! * [`cache`] — an opt-in per-thread recent-hit cache, built into the index or
+//!   standing in front of any other lookup ([`HitCache`]).
 //! * [`ObjPool`] ([`objpool`]) — a fixed-capacity object pool with per-thread
 //!   magazines in front of a lock-free depot, and [`retinst`] — per-thread return-instance stacks that reuse
 //!   finished instances without atomics.
@@ -32,7 +33,7 @@ pub mod probe;
 pub mod rcu;
 pub mod retinst;
 
-pub use cache::{HitCacheConfig, HitCacheMode, HitCacheStats};
+pub use cache::{HitCache, HitCacheConfig, HitCacheMode, HitCacheStats};
 pub use error::{Error, InsertError, InsertManyError};
 pub use index::{AddrIndex, AddrIndexBuilder, EntryId, IndexStats};
 pub use objpool::ObjPool;

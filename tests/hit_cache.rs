@@ -319,9 +319,10 @@ fn any_number_of_cached_indexes_each_get_a_cache() {
 }
 
 /// The switch's schedule, whatever the timings: 1,024 lookups through the
-/// cache, a trial of three 256-lookup windows through it and three past
+/// cache, a trial of three 1,024-lookup windows through it and three past
 /// it, then 65,536 lookups all through it (switch on) or all past it
-/// uncounted (switch off), then the next warm-up through it.
+/// uncounted (switch off, the first trial lost), then the next warm-up
+/// through it.
 #[test]
 #[cfg_attr(miri, ignore)] // 70,000 lookups: minutes under miri, and no unsafe code of its own
 fn the_switch_runs_its_schedule() {
@@ -337,21 +338,21 @@ fn the_switch_runs_its_schedule() {
         (s.hits + s.misses, s.bypassed, s.trials, s.enabled)
     };
     assert_eq!(
-        counts(1024 + 1535),
-        (1024 + 768, 767, 0, true),
+        counts(1024 + 6 * 1024 - 1),
+        (1024 + 3072, 3071, 0, true),
         "warm-up and trial"
     );
     let (through, past, trials, on) = counts(1);
-    assert_eq!((through, past, trials), (1792, 768, 1), "the trial ends");
+    assert_eq!((through, past, trials), (4096, 3072, 1), "the trial ends");
     let run = counts(65_536);
     if on {
         assert_eq!(
             run,
-            (1792 + 65_536, 768, 1, true),
+            (4096 + 65_536, 3072, 1, true),
             "a run through the cache"
         );
     } else {
-        assert_eq!(run, (1792, 768, 1, false), "a run past the cache");
+        assert_eq!(run, (4096, 3072, 1, false), "a run past the cache");
     }
     let (through2, past2, _, _) = counts(1024);
     assert_eq!(
@@ -359,4 +360,78 @@ fn the_switch_runs_its_schedule() {
         (1024, 0),
         "the next warm-up"
     );
+}
+
+/// The standalone cache in front of a table of its user's: a writer
+/// changes an address's answer and then invalidates; a lookup that begins
+/// after the invalidation never sees an older answer, on any thread.
+#[test]
+fn standalone_cache_is_never_stale_after_invalidate() {
+    use fprobe::HitCache;
+    use std::sync::RwLock;
+    const HOT: u64 = 8;
+    let table: Arc<RwLock<Vec<u64>>> = Arc::new(RwLock::new(vec![0; HOT as usize]));
+    let published: Arc<Vec<AtomicU64>> = Arc::new((0..HOT).map(|_| AtomicU64::new(0)).collect());
+    let cache = Arc::new(HitCache::<u64>::new(HitCacheConfig::new().adaptive(false)).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let ms = if cfg!(miri) { 50 } else { 500 };
+    let writer = {
+        let (table, published, cache, stop) = (
+            table.clone(),
+            published.clone(),
+            cache.clone(),
+            stop.clone(),
+        );
+        std::thread::spawn(move || {
+            let mut serial = 0;
+            while !stop.load(Ordering::Relaxed) {
+                for a in 0..HOT as usize {
+                    serial += 1;
+                    table.write().unwrap()[a] = serial;
+                    cache.invalidate();
+                    published[a].store(serial, Ordering::Release);
+                }
+                std::thread::yield_now();
+            }
+        })
+    };
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (table, published, cache, stop) = (
+                table.clone(),
+                published.clone(),
+                cache.clone(),
+                stop.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut checks = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for a in 0..HOT {
+                        let floor = published[a as usize].load(Ordering::Acquire);
+                        let got = cache.lookup(a, || table.read().unwrap()[a as usize]);
+                        assert!(
+                            got >= floor,
+                            "stale answer {got} at {a} (published {floor})"
+                        );
+                        checks += 1;
+                    }
+                }
+                checks
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(ms));
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    for r in readers {
+        assert!(r.join().unwrap() > 0 || cfg!(miri));
+    }
+    let s = cache.stats();
+    assert!(s.hits > 0 || cfg!(miri), "{s:?}");
+}
+
+#[test]
+fn standalone_cache_rejects_bad_configuration() {
+    let e = fprobe::HitCache::<u32>::new(HitCacheConfig::new().entries(3));
+    assert!(matches!(e, Err(fprobe::Error::InvalidConfig(_))));
 }

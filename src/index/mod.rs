@@ -487,7 +487,7 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
     /// assert_eq!((s.misses, s.hits), (1, 2));
     /// ```
     pub fn hit_cache_stats(&self) -> Option<crate::cache::HitCacheStats> {
-        self.raw.cache.as_ref().map(|c| c.stats())
+        self.raw.hit_cache_stats()
     }
 
     /// Table statistics: capacity, load, probe lengths, resizes, memory.

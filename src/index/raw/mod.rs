@@ -145,6 +145,10 @@ struct Root {
     /// compare and a branch of its own, and the slots are then probed
     /// without testing the key for 0 again.
     fast_above: u64,
+    /// The hit cache's switch (`cache::Switch`): `false` while a trial
+    /// found the cache slower. Here, on the line every lookup reads, so a
+    /// switched-off cache costs no line of its own. `true` without a cache.
+    cache_on: crate::cache::Switch,
 }
 
 /// The index without its safe wrapper.
@@ -167,7 +171,7 @@ pub(crate) struct RawIndex<V> {
     ///
     /// Boxed: the test for "no cache" is then one null check of a pointer
     /// (an inline `Option<HitCache>` was a two-branch test of a niche tag).
-    pub(crate) cache: Option<Box<crate::cache::HitCache<Header>>>,
+    pub(crate) cache: Option<Box<crate::cache::HitCache<*mut Header>>>,
     config: Config,
     stripes: Box<[CachePadded<Stripe>]>,
     stripe_mask: usize,
@@ -243,6 +247,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 } else {
                     0
                 },
+                cache_on: crate::cache::Switch::new(true),
             }),
             stripes: (0..stripes)
                 .map(|_| {
@@ -269,7 +274,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             rehash_pending: AtomicBool::new(false),
             cache: config
                 .hit_cache
-                .map(|c| Box::new(crate::cache::HitCache::new(c))),
+                .map(|c| Box::new(crate::cache::HitCache::with_valid(c))),
             config,
             _values: PhantomData,
         }
@@ -282,6 +287,12 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         if let Some(c) = &self.cache {
             c.bump();
         }
+    }
+
+    /// The hit cache's counters, with the index's switch.
+    pub(crate) fn hit_cache_stats(&self) -> Option<crate::cache::HitCacheStats> {
+        let c = self.cache.as_ref()?;
+        Some(c.collect_stats(&self.root.cache_on))
     }
 
     // ---------------------------------------------------------------- reads
@@ -304,18 +315,33 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         found: impl FnOnce(NonNull<Header>) -> R,
         absent: impl FnOnce() -> R,
     ) -> R {
-        if key > self.root.fast_above {
-            // No cache and a key other than 0 (`Root::fast_above`).
+        // No cache, or a switched-off one (module docs of `cache`, the
+        // switch: decided from the root's line alone), and a key other
+        // than 0 (`Root::fast_above`): one inline copy of the plain lookup
+        // serves both.
+        if key > self.root.fast_above
+            || (key != 0 && crate::cache::switched_off(&self.root.cache_on))
+        {
             return self.lookup_uncached_then(key, Table::lookup_nonzero, found, absent);
         }
+        self.lookup_slow(key, found, absent)
+    }
+
+    /// [`RawIndex::lookup_then`] off its fast path: key 0, or a cache that
+    /// is on (or due for a trial).
+    #[inline(never)]
+    fn lookup_slow<R>(
+        &self,
+        key: u64,
+        found: impl FnOnce(NonNull<Header>) -> R,
+        absent: impl FnOnce() -> R,
+    ) -> R {
         match &self.cache {
-            None => self.lookup_uncached_then(key, Table::lookup, found, absent),
-            // Switched off (module docs of `cache`, the switch): the plain
-            // lookup, inline.
-            Some(c) if c.switched_off() => {
-                self.lookup_uncached_then(key, Table::lookup, found, absent)
+            // Key 0 did not ask the switch on the fast path.
+            Some(c) if key != 0 || !crate::cache::switched_off(&self.root.cache_on) => {
+                NonNull::new(self.lookup_cached(c, key)).map_or_else(absent, found)
             }
-            Some(c) => NonNull::new(self.lookup_cached(c, key)).map_or_else(absent, found),
+            _ => self.lookup_uncached_then(key, Table::lookup, found, absent),
         }
     }
 
@@ -323,8 +349,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// its code took registers from the uncached lookup around it (the key
     /// and `self` were spilled to the stack on every lookup).
     #[inline(never)]
-    fn lookup_cached(&self, c: &crate::cache::HitCache<Header>, key: u64) -> *mut Header {
-        c.lookup(key, || self.lookup_uncached(key))
+    fn lookup_cached(&self, c: &crate::cache::HitCache<*mut Header>, key: u64) -> *mut Header {
+        c.lookup_through(key, &self.root.cache_on, || self.lookup_uncached(key))
     }
 
     /// The record of `key`, or null, from the tables. The caller holds a
