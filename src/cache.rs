@@ -851,13 +851,6 @@ impl<A: Answer> HitCache<A> {
         self.collect_stats(&self.enabled)
     }
 
-    /// Records that a write published or unlinked a record. Call after the
-    /// publish and before retiring the old record.
-    #[inline]
-    pub(crate) fn bump(&self) {
-        self.invalidate();
-    }
-
     /// Looks `addr` up through the calling thread's cache; `miss` does the
     /// lookup behind it. The caller has asked [`switched_off`] of `switch`,
     /// the cache's switch, first (this is the path of a switched-on cache

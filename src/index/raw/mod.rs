@@ -285,7 +285,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     #[inline]
     fn bump(&self) {
         if let Some(c) = &self.cache {
-            c.bump();
+            c.invalidate();
         }
     }
 
