@@ -21,8 +21,8 @@
 //! | in front of | trace | always on | switched (default) |
 //! |---|---|---:|---:|
 //! | chained table, 40,000 in 4,096 buckets | Zipf(1.0) over 20,000 | 0.75 / 0.83 | 0.80 / 1.01 |
-//! | chained table, 40,000 in 4,096 buckets | uniform over 20,000 | 1.07 / 0.86 | off |
-//! | `AddrIndex`, 50,000 or 1,000,000 | Zipf, hot-64, uniform, SQLite calls | 0.25–0.56 | 0.79–1.08 |
+//! | chained table, 40,000 in 4,096 buckets | uniform over 20,000 | 1.07 / 0.86 | 1.29 / 1.07 |
+//! | `AddrIndex`, 50,000 or 1,000,000 | Zipf, hot-64, uniform, SQLite calls | 0.25–0.74 | 0.79–1.08 |
 //!
 //! It pays nowhere measured so far. In front of the index, the lines of the
 //! addresses a cache would keep are the ones already in the processor's
