@@ -279,7 +279,7 @@ impl HitCacheConfig {
 
     /// Bytes one CPU's cache occupies (per-CPU mode).
     pub fn bytes_per_cpu(&self) -> usize {
-        self.entries * std::mem::size_of::<SharedEntry>()
+        self.entries * std::mem::size_of::<SharedEntry<u64>>()
     }
 }
 
@@ -353,67 +353,113 @@ struct Entry<A = u64> {
 fn empty<A: Answer>() -> Entry<A> {
     Entry {
         addr: 0,
-        answer: A::from_word(0),
+        answer: A::EMPTY,
         generation: u64::MAX,
     }
 }
 
 mod sealed {
     pub trait Sealed {}
+
+    /// The atomic a per-CPU cache entry keeps an answer of type `A` in:
+    /// the matching integer atomic, or an `AtomicPtr` for pointers (so a
+    /// pointer keeps its provenance and no integer is ever turned back
+    /// into one).
+    pub trait SharedAnswer<A> {
+        fn new(a: A) -> Self;
+        fn load_relaxed(&self) -> A;
+        fn store_relaxed(&self, a: A);
+    }
 }
 
 /// What a [`HitCache`] remembers for an address: one machine word or less
 /// (an integer, or a pointer the cache never dereferences). Implemented for
 /// `u32`, `u64`, `usize`, `*const T` and `*mut T`.
 pub trait Answer: Copy + sealed::Sealed {
-    /// The answer as a word (per-CPU caches store it in an atomic).
+    /// The atomic a per-CPU entry stores the answer in.
     #[doc(hidden)]
-    fn to_word(self) -> u64;
-    /// The answer [`to_word`](Self::to_word) made `w` from.
+    type Shared: sealed::SharedAnswer<Self>;
+    /// What an empty entry holds (never returned: its generation matches
+    /// no lookup).
     #[doc(hidden)]
-    fn from_word(w: u64) -> Self;
+    const EMPTY: Self;
 }
 
-macro_rules! int_answer {
-    ($($t:ty),*) => {$(
+macro_rules! atomic_answer {
+    ($($t:ty => $atomic:ty),*) => {$(
         impl sealed::Sealed for $t {}
         impl Answer for $t {
+            type Shared = $atomic;
+            const EMPTY: Self = 0;
+        }
+        impl sealed::SharedAnswer<$t> for $atomic {
             #[inline(always)]
-            fn to_word(self) -> u64 {
-                self as u64
+            fn new(a: $t) -> Self {
+                <$atomic>::new(a)
             }
             #[inline(always)]
-            fn from_word(w: u64) -> Self {
-                // Only ever given a word `to_word` made from a `$t`.
-                w as $t
+            fn load_relaxed(&self) -> $t {
+                // Relaxed: the entry's seqlock orders it (`through_shared_set`).
+                self.load(Ordering::Relaxed)
+            }
+            #[inline(always)]
+            fn store_relaxed(&self, a: $t) {
+                // Relaxed: as for the load.
+                self.store(a, Ordering::Relaxed)
             }
         }
     )*};
 }
-int_answer!(u32, u64, usize);
+atomic_answer!(
+    u32 => crate::sync::AtomicU32,
+    u64 => crate::sync::AtomicU64,
+    usize => crate::sync::AtomicUsize
+);
+
+impl<T> sealed::SharedAnswer<*mut T> for crate::sync::AtomicPtr<T> {
+    #[inline(always)]
+    fn new(a: *mut T) -> Self {
+        crate::sync::AtomicPtr::new(a)
+    }
+    #[inline(always)]
+    fn load_relaxed(&self) -> *mut T {
+        // Relaxed: the entry's seqlock orders it (`through_shared_set`).
+        self.load(Ordering::Relaxed)
+    }
+    #[inline(always)]
+    fn store_relaxed(&self, a: *mut T) {
+        // Relaxed: as for the load.
+        self.store(a, Ordering::Relaxed)
+    }
+}
+
+impl<T> sealed::SharedAnswer<*const T> for crate::sync::AtomicPtr<T> {
+    #[inline(always)]
+    fn new(a: *const T) -> Self {
+        crate::sync::AtomicPtr::new(a.cast_mut())
+    }
+    #[inline(always)]
+    fn load_relaxed(&self) -> *const T {
+        // Relaxed: the entry's seqlock orders it (`through_shared_set`).
+        self.load(Ordering::Relaxed).cast_const()
+    }
+    #[inline(always)]
+    fn store_relaxed(&self, a: *const T) {
+        // Relaxed: as for the load.
+        self.store(a.cast_mut(), Ordering::Relaxed)
+    }
+}
 
 impl<T> sealed::Sealed for *mut T {}
 impl<T> Answer for *mut T {
-    #[inline(always)]
-    fn to_word(self) -> u64 {
-        self.expose_provenance() as u64
-    }
-    #[inline(always)]
-    fn from_word(w: u64) -> Self {
-        std::ptr::with_exposed_provenance_mut(w as usize)
-    }
+    type Shared = crate::sync::AtomicPtr<T>;
+    const EMPTY: Self = std::ptr::null_mut();
 }
 
 impl<T> sealed::Sealed for *const T {}
 impl<T> Answer for *const T {
-    #[inline(always)]
-    fn to_word(self) -> u64 {
-        self.expose_provenance() as u64
-    }
-    #[inline(always)]
-    fn from_word(w: u64) -> Self {
-        std::ptr::with_exposed_provenance(w as usize)
-    }
+    type Shared = crate::sync::AtomicPtr<T>;
+    const EMPTY: Self = std::ptr::null();
 }
 
 /// The index's write generation: the two operations of the protocol
@@ -502,21 +548,20 @@ fn through_set<R: Copy>(
 /// and a thread may be preempted or migrate mid-lookup, so the fields are
 /// atomics guarded by a seqlock (`seq` odd while a fill writes them).
 #[repr(align(32))]
-struct SharedEntry {
+struct SharedEntry<A: Answer> {
     seq: crate::sync::AtomicU64,
     addr: crate::sync::AtomicU64,
-    /// The answer, [`Answer::to_word`].
-    answer: crate::sync::AtomicU64,
+    answer: A::Shared,
     /// Generation at fill; `u64::MAX` when empty.
     generation: crate::sync::AtomicU64,
 }
 
-impl SharedEntry {
+impl<A: Answer> SharedEntry<A> {
     fn empty() -> Self {
         Self {
             seq: crate::sync::AtomicU64::new(0),
             addr: crate::sync::AtomicU64::new(0),
-            answer: crate::sync::AtomicU64::new(0),
+            answer: sealed::SharedAnswer::new(A::EMPTY),
             generation: crate::sync::AtomicU64::new(u64::MAX),
         }
     }
@@ -530,7 +575,7 @@ impl SharedEntry {
 #[inline(always)]
 fn through_shared_set<A: Answer>(
     generation: &impl Generation,
-    set: &[SharedEntry],
+    set: &[SharedEntry<A>],
     victim: usize,
     addr: u64,
     miss: impl FnOnce() -> A,
@@ -544,7 +589,7 @@ fn through_shared_set<A: Answer>(
             continue;
         }
         let a = e.addr.load(Ordering::Relaxed);
-        let r = e.answer.load(Ordering::Relaxed);
+        let r = sealed::SharedAnswer::load_relaxed(&e.answer);
         let g = e.generation.load(Ordering::Relaxed);
         // Acquire fence: if a load above read a store of a later fill, that
         // fill's Release fence synchronises with this one, so its odd `seq`
@@ -554,7 +599,7 @@ fn through_shared_set<A: Answer>(
             continue;
         }
         if a == addr && g == now {
-            return (A::from_word(r), true);
+            return (r, true);
         }
     }
     let answer = miss();
@@ -570,7 +615,7 @@ fn through_shared_set<A: Answer>(
         // Release fence: pairs with the readers' Acquire fence (above).
         fence(Ordering::Release);
         e.addr.store(addr, Ordering::Relaxed);
-        e.answer.store(answer.to_word(), Ordering::Relaxed);
+        sealed::SharedAnswer::store_relaxed(&e.answer, answer);
         e.generation.store(filled_at, Ordering::Relaxed);
         // Release: pairs with the readers' Acquire `seq` load.
         e.seq.store(s + 2, Ordering::Release);
@@ -579,10 +624,10 @@ fn through_shared_set<A: Answer>(
 }
 
 /// The per-CPU caches of one index.
-struct PerCpu {
+struct PerCpu<A: Answer> {
     source: CpuSource,
     /// `cpus × entries`, CPU-major. Invariant: `cpus` is a power of two.
-    entries: Box<[SharedEntry]>,
+    entries: Box<[SharedEntry<A>]>,
     cpus: usize,
 }
 
@@ -741,7 +786,7 @@ pub struct HitCache<A: Answer> {
     /// every record publish or unlink).
     generation: CachePadded<unmodelled::AtomicU64>,
     /// The per-CPU caches, in per-CPU mode.
-    per_cpu: Option<PerCpu>,
+    per_cpu: Option<PerCpu<A>>,
     /// The switch of a standalone cache ([`Switch`]; an index keeps its
     /// cache's elsewhere).
     enabled: Switch,
