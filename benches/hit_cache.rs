@@ -105,9 +105,15 @@ fn build(addrs: &[u64], cache: Option<HitCacheConfig>) -> AddrIndex<u64> {
     index
 }
 
+/// Interleaved rounds per row (each runs every index once).
+const ROUNDS: usize = 9;
+
 /// One index of each configuration the table compares, on one address set.
 struct Indexes {
     plain: Arc<AddrIndex<u64>>,
+    /// A second uncached index built the same way: its ratio to `plain`
+    /// is how far two identical indexes differ here (placement, noise).
+    plain_again: Arc<AddrIndex<u64>>,
     cached: Arc<AddrIndex<u64>>,
     per_cpu: Arc<AddrIndex<u64>>,
     always: Arc<AddrIndex<u64>>,
@@ -117,6 +123,7 @@ impl Indexes {
     fn new(addrs: &[u64]) -> Self {
         Indexes {
             plain: Arc::new(build(addrs, None)),
+            plain_again: Arc::new(build(addrs, None)),
             cached: Arc::new(build(addrs, Some(HitCacheConfig::default()))),
             per_cpu: Arc::new(build(addrs, Some(HitCacheConfig::default().per_cpu(true)))),
             always: Arc::new(build(
@@ -130,9 +137,11 @@ impl Indexes {
     fn row(&self, label: &str, trace: &str, streams: &[Arc<Vec<u64>>], run: Duration) {
         let before = self.cached.hit_cache_stats().unwrap();
         let (mut u, mut c, mut p, mut a) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..5 {
+        let mut b = Vec::new();
+        for _ in 0..ROUNDS {
             // Interleaved, so drift on a shared machine hits all.
             u.push(throughput(&self.plain, streams, run));
+            b.push(throughput(&self.plain_again, streams, run));
             c.push(throughput(&self.cached, streams, run));
             p.push(throughput(&self.per_cpu, streams, run));
             a.push(throughput(&self.always, streams, run));
@@ -140,6 +149,10 @@ impl Indexes {
         let after = self.cached.hit_cache_stats().unwrap();
         let hits = after.hits - before.hits;
         let through = hits + after.misses - before.misses;
+        // Each ratio is the median of the rounds' ratios (a round's runs
+        // are adjacent, so they share the machine's drift).
+        let ratio = |x: &[f64]| runner::median(x.iter().zip(&u).map(|(x, u)| x / u).collect());
+        let (rc, rp, ra, rb) = (ratio(&c), ratio(&p), ratio(&a), ratio(&b));
         let (u, c, p, a) = (
             runner::median(u),
             runner::median(c),
@@ -147,14 +160,11 @@ impl Indexes {
             runner::median(a),
         );
         println!(
-            "| {label} | {trace} | {} | {u:.1} | {c:.1} | {:.2}× | {} | {} | {:.1}% | {p:.1} | {:.2}× | {a:.1} | {:.2}× |",
+            "| {label} | {trace} | {} | {u:.1} | {c:.1} | {rc:.2}× | {} | {} | {:.1}% | {p:.1} | {rp:.2}× | {a:.1} | {ra:.2}× | {rb:.2}× |",
             streams.len(),
-            c / u,
             after.trials - before.trials,
             if after.enabled { "on" } else { "off" },
             100.0 * hits as f64 / through.max(1) as f64,
-            p / u,
-            a / u
         );
     }
 }
@@ -229,14 +239,14 @@ fn main() {
     let threads = runner::threads();
     let run = runner::run_length();
     println!(
-        "hit cache: median of 5 runs × {} ms, M lookups/s (total over threads); cache = {} B/thread",
+        "hit cache: median of {ROUNDS} interleaved rounds × {} ms (ratios: median of the rounds' ratios), M lookups/s (total over threads); cache = {} B/thread",
         run.as_millis(),
         HitCacheConfig::default().bytes_per_thread()
     );
     println!(
-        "| addresses | trace | threads | uncached | cached | cached/uncached | trials | switch at the end | hit rate through the cache | per-CPU cached | per-CPU/uncached | always on | always on/uncached |"
+        "| addresses | trace | threads | uncached | cached | cached/uncached | trials | switch at the end | hit rate through the cache | per-CPU cached | per-CPU/uncached | always on | always on/uncached | 2nd uncached index/uncached |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for n in [50_000usize, 1_000_000] {
         let addrs = addresses(n);
         let traces = [
@@ -334,11 +344,14 @@ fn chained_table(threads: &[usize], run: Duration) {
                 fprobe::HitCache::<u32>::new(HitCacheConfig::new().adaptive(false)).unwrap(),
             );
             let (mut plain, mut sw, mut al) = (Vec::new(), Vec::new(), Vec::new());
-            for _ in 0..5 {
+            for _ in 0..ROUNDS {
                 plain.push(chained_throughput(&table, None, &streams, run));
                 sw.push(chained_throughput(&table, Some(&switched), &streams, run));
                 al.push(chained_throughput(&table, Some(&always), &streams, run));
             }
+            let ratio =
+                |x: &[f64]| runner::median(x.iter().zip(&plain).map(|(x, u)| x / u).collect());
+            let (rw, ra) = (ratio(&sw), ratio(&al));
             let (p, w, a) = (
                 runner::median(plain),
                 runner::median(sw),
@@ -347,10 +360,8 @@ fn chained_table(threads: &[usize], run: Duration) {
             let st = switched.stats();
             let sa = always.stats();
             println!(
-                "| {} | {t} | {p:.1} | {w:.1} | {:.2}× | {a:.1} | {:.2}× | {} | {:.1}% |",
+                "| {} | {t} | {p:.1} | {w:.1} | {rw:.2}× | {a:.1} | {ra:.2}× | {} | {:.1}% |",
                 trace.name(),
-                w / p,
-                a / p,
                 if st.enabled { "on" } else { "off" },
                 100.0 * sa.hits as f64 / (sa.hits + sa.misses).max(1) as f64
             );
@@ -411,12 +422,19 @@ fn toggle_experiment() {
                 stream(&addrs, Trace::Hot, 1 << 16, 5),
             );
             std::thread::spawn(move || {
+                // Counted per 256 lookups, so a toggle shorter than one
+                // pass over the stream still counts what ran meanwhile.
                 let mut n = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    for &a in &s {
-                        black_box(index.lookup(a, |v| v.len()));
+                'run: loop {
+                    for chunk in s.chunks(256) {
+                        if stop.load(Ordering::Relaxed) {
+                            break 'run;
+                        }
+                        for &a in chunk {
+                            black_box(index.lookup(a, |v| v.len()));
+                        }
+                        n += chunk.len() as u64;
                     }
-                    n += s.len() as u64;
                 }
                 count.store(n, Ordering::Relaxed);
             })

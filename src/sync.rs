@@ -143,5 +143,5 @@ impl<T> std::ops::Deref for CachePadded<T> {
 /// can live in statics and thread-locals.
 pub(crate) mod unmodelled {
     pub(crate) use std::sync::Mutex;
-    pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64};
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
 }

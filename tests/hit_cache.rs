@@ -320,9 +320,9 @@ fn any_number_of_cached_indexes_each_get_a_cache() {
 
 /// The switch's schedule, whatever the timings: 1,024 lookups through the
 /// cache, a trial of three 1,024-lookup windows through it and three past
-/// it, then 65,536 lookups all through it (switch on) or all past it
-/// uncounted (switch off, the first trial lost), then the next warm-up
-/// through it.
+/// it, then 65,536 lookups all through it (switch on), or all past it
+/// uncounted (switch off, the first trial lost) until the re-arm 64 ms
+/// later; then the next warm-up through it.
 #[test]
 #[cfg_attr(miri, ignore)] // 70,000 lookups: minutes under miri, and no unsafe code of its own
 fn the_switch_runs_its_schedule() {
@@ -353,6 +353,17 @@ fn the_switch_runs_its_schedule() {
         );
     } else {
         assert_eq!(run, (4096, 3072, 1, false), "a run past the cache");
+        // The agent re-arms it after 64 ms; allow a loaded machine 10 s.
+        let t = std::time::Instant::now();
+        while !index.hit_cache_stats().unwrap().enabled {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(10),
+                "the switch was never re-armed"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(t.elapsed() >= std::time::Duration::from_millis(30));
+        assert_eq!(counts(0).0, 4096, "nothing counted while off");
     }
     let (through2, past2, _, _) = counts(1024);
     assert_eq!(
@@ -360,6 +371,78 @@ fn the_switch_runs_its_schedule() {
         (1024, 0),
         "the next warm-up"
     );
+}
+
+/// A switched-off index cache is re-armed again and again: each trial it
+/// loses switches it off, the agent switches it back on, and a new trial
+/// runs, on any thread; the index answers right throughout, through
+/// resizes (each new root table starts armed).
+#[test]
+#[cfg_attr(miri, ignore)] // hundreds of thousands of lookups
+fn switched_off_cache_is_rearmed_through_resizes() {
+    let index = Arc::new(cached::<u64>(4));
+    for a in 1..=64u64 {
+        index.insert(a * 16, a).unwrap();
+    }
+    let t = std::time::Instant::now();
+    let mut grown = 65u64;
+    // Trials counted once the switch had been seen off: a lost trial on 64
+    // hot addresses (the cache is about half as fast there, and "on" needs
+    // a 1/16 win) switches it off, and only a re-arm runs another.
+    let mut off_at: Option<u64> = None;
+    loop {
+        let s = index.hit_cache_stats().unwrap();
+        if !s.enabled && off_at.is_none() {
+            off_at = Some(s.trials);
+        }
+        if off_at.is_some_and(|n| s.trials >= n + 2) {
+            break;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "trials stopped: {:?}",
+            index.hit_cache_stats()
+        );
+        let workers: Vec<_> = (0..2)
+            .map(|w| {
+                let index = index.clone();
+                std::thread::spawn(move || {
+                    for i in 0..20_000u64 {
+                        let a = (i * 7 + w) % 64 + 1;
+                        assert_eq!(index.lookup(a * 16, |v| v[0]), Some(a));
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        // A resize now and then: the root table changes under the switch.
+        for _ in 0..200 {
+            index.insert(grown * 16, grown).unwrap();
+            grown += 1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    drop(index);
+}
+
+/// Indexes whose caches are switched off, dropped while their re-arm is
+/// pending: the agent must not write into their freed tables (ASan and
+/// miri runs catch it if it does).
+#[test]
+#[cfg_attr(miri, ignore)] // 8,000 lookups per index
+fn index_dropped_while_its_rearm_is_pending() {
+    for round in 0..20u64 {
+        let index = cached::<u64>(4);
+        index.insert(round + 1, 1).unwrap();
+        for _ in 0..8 * 1024 {
+            assert_eq!(index.lookup(round + 1, |v| v[0]), Some(1));
+        }
+        drop(index);
+    }
+    // Past the agent's first delay: it has run its re-arms by now.
+    std::thread::sleep(std::time::Duration::from_millis(100));
 }
 
 /// The standalone cache in front of a table of its user's: a writer
@@ -434,4 +517,71 @@ fn standalone_cache_is_never_stale_after_invalidate() {
 fn standalone_cache_rejects_bad_configuration() {
     let e = fprobe::HitCache::<u32>::new(HitCacheConfig::new().entries(3));
     assert!(matches!(e, Err(fprobe::Error::InvalidConfig(_))));
+}
+
+/// After `fork`, the child (whose re-arm agent did not survive) keeps
+/// using, resizing and dropping a cached index the parent had switched
+/// off: a resize re-arms it, and nothing waits for the parent's agent.
+#[cfg(all(unix, not(miri)))]
+#[test]
+fn cached_index_works_in_a_forked_child() {
+    let index = cached::<u64>(4);
+    for a in 1..=64u64 {
+        index.insert(a * 16, a).unwrap();
+    }
+    let t = std::time::Instant::now();
+    let mut i = 0u64;
+    while index.hit_cache_stats().unwrap().enabled {
+        assert!(t.elapsed() < Duration::from_secs(20), "never switched off");
+        let a = i % 64 + 1;
+        assert_eq!(index.lookup(a * 16, |v| v[0]), Some(a));
+        i += 1;
+    }
+    let s = index.hit_cache_stats().unwrap();
+    let through = s.hits + s.misses;
+    // SAFETY: (test) the child only uses the index, allocates, and exits
+    // with _exit; the parent has no other thread inside the crate's locks.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for a in 65..=5000u64 {
+                index.insert(a * 16, a).unwrap();
+            }
+            for a in 1..=5000u64 {
+                assert_eq!(index.lookup(a * 16, |v| v[0]), Some(a));
+            }
+            // The resizes gave it new root tables, armed: lookups went
+            // through the cache again.
+            let s = index.hit_cache_stats().unwrap();
+            assert!(s.hits + s.misses > through, "{s:?}");
+            let other = cached::<u64>(4);
+            other.insert(16, 1).unwrap();
+            assert_eq!(other.lookup(16, |v| v[0]), Some(1));
+            drop(other);
+            drop(index);
+        }))
+        .is_ok();
+        // SAFETY: (test) plain exit without running the parent's atexit.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    assert!(pid > 0);
+    let mut status = 0;
+    let t = std::time::Instant::now();
+    loop {
+        // SAFETY: (test) plain libc process calls with valid arguments.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            // SAFETY: (test) as above.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("child hung using a cached index after fork");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child failed"
+    );
 }

@@ -4,11 +4,11 @@
 //!
 //! # Readers
 //!
-//! `lookup(key)`: one compare of the key against a bound on `root`'s line
-//! (`Root::fast_above`) sends address 0 (kept in each table's `zero` slot)
-//! and every lookup of an index with a hit cache (`cache.rs`) off the fast
-//! path; the rest load `root`; probe it; a live record ends the search;
-//! null (absent or tombstone) or `MOVED` sends the reader on to
+//! `lookup(key)`: load `root`; one compare of the key against a bound on
+//! its first line (`Table::fast_above`) sends address 0 (kept in each
+//! table's `zero` slot) and every lookup of an index whose hit cache
+//! (`cache/`) is on off the fast path; the rest probe it; a live record
+//! ends the search; null (absent or tombstone) or `MOVED` sends the reader on to
 //! `table.future` until there is none. No lock, no store, no fence, no
 //! atomic read-modify-write; `Acquire` loads only (plain loads on x86).
 //! Everything reachable from `root` stays allocated until a grace period
@@ -136,25 +136,12 @@ struct Root {
     /// futures, live records) is freed only after a grace period that
     /// started after it was unlinked.
     ptr: AtomicPtr<Table>,
-    /// Keys above this bound take the fast path, the others the slow one:
-    /// 0 without a hit cache (address 0 alone is slow: it lives in each
-    /// table's `zero` slot rather than in the slots), `u64::MAX` with one
-    /// (no key is above it: every lookup goes through the cache). Fixed at
-    /// construction. One compare of the key against it replaces two tests
-    /// on the fast path, "is there a cache?" and "is the key 0?", each a
-    /// compare and a branch of its own, and the slots are then probed
-    /// without testing the key for 0 again.
-    fast_above: u64,
-    /// The hit cache's switch (`cache::Switch`): `false` while a trial
-    /// found the cache slower. Here, on the line every lookup reads, so a
-    /// switched-off cache costs no line of its own. `true` without a cache.
-    cache_on: crate::cache::Switch,
 }
 
 /// The index without its safe wrapper.
 ///
 /// Layout (`repr(C)`, in 128-byte blocks, the pair of lines an adjacent-line
-/// prefetcher moves together): the root (pointer and fast-path bound)
+/// prefetcher moves together): the root pointer
 /// alone; then what every write and every lookup off the fast path reads
 /// (`cache`, `config`, the stripes) with counters written once per table
 /// attached; then the `resize` lock alone, which writers
@@ -163,8 +150,8 @@ struct Root {
 /// and writers looking up their stripe do not meet the resize lock's line.
 #[repr(C)]
 pub(crate) struct RawIndex<V> {
-    /// The current table, and on the same line the test that sends a
-    /// lookup past the fast path (see [`Root`]).
+    /// The current table (whose first line holds the test that sends a
+    /// lookup past the fast path, `Table::fast_above`).
     root: CachePadded<Root>,
     /// The recent-hit cache, when configured; writers bump its generation.
     /// Lookups test it only off the fast path (`Root::fast_above`).
@@ -172,6 +159,9 @@ pub(crate) struct RawIndex<V> {
     /// Boxed: the test for "no cache" is then one null check of a pointer
     /// (an inline `Option<HitCache>` was a two-branch test of a niche tag).
     pub(crate) cache: Option<Box<crate::cache::HitCache<*mut Header>>>,
+    /// With a cache: its switch's re-arm state, pointed at the root
+    /// table's `fast_above` (`cache::rearm`).
+    arm: Option<std::sync::Arc<crate::cache::Arm>>,
     config: Config,
     stripes: Box<[CachePadded<Stripe>]>,
     stripe_mask: usize,
@@ -240,14 +230,14 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         root.prefault(0, root.slot_count());
         let root = Box::into_raw(root);
         Self {
+            arm: config.hit_cache.map(|_| {
+                // SAFETY: just allocated, not yet shared.
+                let t = unsafe { &*root };
+                t.fast_above.store(crate::cache::ARMED, Ordering::Relaxed);
+                crate::cache::Arm::new(&t.fast_above)
+            }),
             root: CachePadded(Root {
                 ptr: AtomicPtr::new(root),
-                fast_above: if config.hit_cache.is_some() {
-                    u64::MAX
-                } else {
-                    0
-                },
-                cache_on: crate::cache::Switch::new(true),
             }),
             stripes: (0..stripes)
                 .map(|_| {
@@ -281,7 +271,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     }
 
     /// A record was published or unlinked: invalidate hit caches. After the
-    /// publish, before retiring the old record (`cache.rs` module docs).
+    /// publish, before retiring the old record (`cache` module docs).
     #[inline]
     fn bump(&self) {
         if let Some(c) = &self.cache {
@@ -291,8 +281,11 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
 
     /// The hit cache's counters, with the index's switch.
     pub(crate) fn hit_cache_stats(&self) -> Option<crate::cache::HitCacheStats> {
-        let c = self.cache.as_ref()?;
-        Some(c.collect_stats(&self.root.cache_on))
+        let (c, arm) = (self.cache.as_ref()?, self.arm.as_ref()?);
+        let _guard = crate::rcu::read_lock();
+        // SAFETY: the root stays allocated while the guard lives.
+        let word = unsafe { &(*self.root.ptr.load(Ordering::Acquire)).fast_above };
+        Some(c.collect_stats(crate::cache::Switch::Index(word, arm)))
     }
 
     // ---------------------------------------------------------------- reads
@@ -315,42 +308,82 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         found: impl FnOnce(NonNull<Header>) -> R,
         absent: impl FnOnce() -> R,
     ) -> R {
-        // No cache, or a switched-off one (module docs of `cache`, the
-        // switch: decided from the root's line alone), and a key other
-        // than 0 (`Root::fast_above`): one inline copy of the plain lookup
-        // serves both.
-        if key > self.root.fast_above
-            || (key != 0 && crate::cache::switched_off(&self.root.cache_on))
-        {
-            return self.lookup_uncached_then(key, Table::lookup_nonzero, found, absent);
+        // Acquire: as in `lookup_uncached_then`.
+        let root = self.root.ptr.load(Ordering::Acquire);
+        // SAFETY: `root` stays allocated while the caller's read guard
+        // lives (struct invariant).
+        let t = unsafe { &*root };
+        // No cache, or a switched-off one, and a key other than 0
+        // (`Table::fast_above`): one inline copy of the plain lookup.
+        // Relaxed: a hint (`Table::fast_above`).
+        if key > t.fast_above.load(Ordering::Relaxed) {
+            // SAFETY: as above, for `root` and every `future` after it.
+            return unsafe { table::lookup_chain(root, key, Table::lookup_nonzero, found, absent) };
         }
-        self.lookup_slow(key, found, absent)
+        self.lookup_slow(t, key, found, absent)
     }
 
     /// [`RawIndex::lookup_then`] off its fast path: key 0, or a cache that
-    /// is on (or due for a trial).
+    /// is on (or due for a trial). `root` is the root table the fast path
+    /// read, alive under the caller's guard.
     #[inline(never)]
     fn lookup_slow<R>(
         &self,
+        root: &Table,
         key: u64,
         found: impl FnOnce(NonNull<Header>) -> R,
         absent: impl FnOnce() -> R,
     ) -> R {
-        match &self.cache {
-            // Key 0 did not ask the switch on the fast path.
-            Some(c) if key != 0 || !crate::cache::switched_off(&self.root.cache_on) => {
-                NonNull::new(self.lookup_cached(c, key)).map_or_else(absent, found)
+        match (&self.cache, &self.arm) {
+            // Key 0 comes here whatever the switch says.
+            // Relaxed: a hint (`Table::fast_above`).
+            (Some(c), Some(arm))
+                if root.fast_above.load(Ordering::Relaxed) == crate::cache::ARMED =>
+            {
+                NonNull::new(self.lookup_cached(c, arm, &root.fast_above, key))
+                    .map_or_else(absent, found)
             }
             _ => self.lookup_uncached_then(key, Table::lookup, found, absent),
         }
     }
 
-    /// [`RawIndex::lookup_raw`] through the hit cache. Out of line: inlined,
-    /// its code took registers from the uncached lookup around it (the key
-    /// and `self` were spilled to the stack on every lookup).
+    /// [`RawIndex::lookup_raw`] through the hit cache, whose switch is
+    /// `word` (the root table's `fast_above`). Out of line: inlined, its
+    /// code took registers from the uncached lookup around it (the key and
+    /// `self` were spilled to the stack on every lookup).
     #[inline(never)]
-    fn lookup_cached(&self, c: &crate::cache::HitCache<*mut Header>, key: u64) -> *mut Header {
-        c.lookup_through(key, &self.root.cache_on, || self.lookup_uncached(key))
+    fn lookup_cached(
+        &self,
+        c: &crate::cache::HitCache<*mut Header>,
+        arm: &std::sync::Arc<crate::cache::Arm>,
+        word: &crate::sync::unmodelled::AtomicU64,
+        key: u64,
+    ) -> *mut Header {
+        c.lookup_through(key, crate::cache::Switch::Index(word, arm), || {
+            self.lookup_uncached(key)
+        })
+    }
+
+    /// Publishes `fresh` as the root table (`Release`, pairing with the
+    /// lookups' `Acquire` loads of `root`) and points the cache's switch at
+    /// it, armed (a new table starts with a trial); returns the old root,
+    /// which the caller retires only after this returned
+    /// (`cache::rearm`: the agent writes only a live table's word).
+    fn publish_root(&self, fresh: *mut Table) -> *mut Table {
+        if let Some(arm) = &self.arm {
+            // SAFETY: `fresh` is allocated and not yet reachable by lookups.
+            let t = unsafe { &*fresh };
+            // Relaxed: published by the Release swap below.
+            t.fast_above.store(crate::cache::ARMED, Ordering::Relaxed);
+            // AcqRel: Release publishes the fresh table; Acquire makes the
+            // old chain ours to retire.
+            let old = self.root.ptr.swap(fresh, Ordering::AcqRel);
+            arm.retarget(Some(&t.fast_above));
+            old
+        } else {
+            // AcqRel: as above.
+            self.root.ptr.swap(fresh, Ordering::AcqRel)
+        }
     }
 
     /// The record of `key`, or null, from the tables. The caller holds a
@@ -780,9 +813,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         ));
         st.generation += 1;
         let stripes = self.lock_all_stripes();
-        // AcqRel: Release publishes the fresh table; Acquire makes the old
-        // chain ours to retire.
-        let old = self.root.ptr.swap(fresh, Ordering::AcqRel);
+        let old = self.publish_root(fresh);
         self.limited_addrs.store(0, Ordering::Relaxed);
         // Each stripe's lock is released as soon as its counters and
         // credits are reset (writers then find `fresh` as the newest table).
@@ -911,6 +942,10 @@ unsafe fn free_chain<V>(mut t: *mut Table) {
 
 impl<V> Drop for RawIndex<V> {
     fn drop(&mut self) {
+        // The agent stops writing into the tables before they go.
+        if let Some(arm) = &self.arm {
+            arm.retarget(None);
+        }
         // SAFETY: `&mut self`: no reader borrows the index (lookups borrow
         // `&'g self`), no writer runs; the chain is ours.
         unsafe { free_chain::<V>(self.root.ptr.load(Ordering::Relaxed)) }

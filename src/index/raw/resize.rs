@@ -438,8 +438,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         }
         st.cursor = end;
         if end == last + 1 {
-            // Release: pairs with the Acquire loads of `root`.
-            self.root.ptr.store(new_ptr, Ordering::Release);
+            // Release (in `publish_root`): pairs with the Acquire loads of
+            // `root`.
+            self.publish_root(new_ptr);
             // SAFETY: unlinked from `root`; readers that loaded it hold
             // guards; its records now belong to `new` (all slots are moved,
             // tombstones or empty), so freeing it frees only its slots.

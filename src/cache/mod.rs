@@ -110,26 +110,28 @@
 //!    that wins by less is not worth the risk of a wrong "on").
 //!
 //! While the switch is on, every lookup goes through the thread's cache
-//! and each thread runs a new trial after 65,536 of them. While it is off,
-//! a lookup loads the switch (an index keeps it on the line its lookups
-//! read first, written only when a trial changes it) and counts down a
-//! thread-local number, then looks the index up as an uncached one does,
-//! through the same inline code: no call, no per-thread lookup. That is
-//! about 12 instructions on a 51-instruction lookup (callgrind,
-//! `examples/lookup_counts.rs`), so a switched-off cache still costs a
-//! lookup loop that the processor overlaps several of a few percent. When a thread's
-//! count reaches zero, 65,536 lookups after its last trial (of any
-//! switched-off index: a thread's indexes share one count, so each is
-//! re-tried in proportion to its share of the thread's lookups), its next
-//! lookup through a switched-off cache starts a trial. Each further trial
-//! lost in a row doubles the wait, up to 8 Mi lookups; a won trial resets
-//! it.
+//! and each thread runs a new trial after 65,536 of them.
 //!
-//! A trial is 7,168 lookups, 4,096 of them through the cache. Where the
-//! cache keeps losing, trials soon come once per 8 Mi lookups (under 0.1%
-//! of them); where it wins, one per 64 Ki. One switch per index, not per thread:
-//! the last trial decides for all, so threads with different patterns
-//! make it follow the latest.
+//! While it is off, an index's lookups cost what an uncached index's do:
+//! the switch is the bound its lookups already compare the key with, on
+//! the root table's first line (`fast_above`: 0 sends every key but 0 down
+//! the inline uncached path, `u64::MAX` every key through the cache), so a
+//! switched-off cache adds no instruction to the lookup (callgrind,
+//! `examples/lookup_counts.rs`: 51–52 per lookup either way, 50,000
+//! addresses). Since nothing on that path counts, the next trial is
+//! started by time: the process's re-arm agent (`rearm`, one sleeping
+//! thread) switches the cache back on 64 ms after a lost trial, and each
+//! further trial lost in a row doubles the wait, up to 8 s; a won trial
+//! resets it. A new root table (a resize) starts switched on, with a trial.
+//!
+//! A standalone [`HitCache`] has no such bound in its caller's code: while
+//! off, each lookup loads its flag and counts down a thread-local number
+//! (about 12 instructions), and the thread's next lookup after 65,536 of
+//! them (twice as many per further loss, up to 8 Mi) starts a trial.
+//!
+//! A trial is 7,168 lookups, 4,096 of them through the cache. One switch
+//! per index, not per thread: the last trial decides for all, so threads
+//! with different patterns make it follow the latest.
 //!
 //! # Signal handlers
 //!
@@ -175,6 +177,9 @@
 //! per-thread memory and cold caches of new threads dominate.
 
 use std::cell::Cell;
+
+mod rearm;
+pub(crate) use rearm::{ARMED, Arm};
 
 use crate::cpu::CpuSource;
 use crate::per_thread::{CacheSlot, PerThread};
@@ -297,8 +302,9 @@ pub struct HitCacheStats {
     pub bypassed: u64,
     /// Trials run (module docs: the switch).
     pub trials: u64,
-    /// Whether the switch is on: the last trial found the cache faster
-    /// (or none has finished yet).
+    /// Whether the switch is on: the last trial found the cache faster,
+    /// none has finished yet, or (an index's cache) it was switched back
+    /// on for its next trial.
     pub enabled: bool,
     /// Lookups that went to the index because they interrupted the same
     /// thread's lookup through the cache (a signal handler's).
@@ -692,8 +698,11 @@ struct ThreadCache<A> {
     /// The step: 0 the warm-up, 1..=6 the timed windows of [`TRIAL`],
     /// [`RUN_STEP`] the run in the chosen mode.
     step: Cell<u8>,
-    /// Trials lost in a row (the backoff, [`MAX_BACKOFF`]).
+    /// Trials lost in a row (a standalone cache's backoff, [`MAX_BACKOFF`];
+    /// an index's is its `Arm`'s).
     losses: Cell<u8>,
+    /// The re-arm epoch this thread's schedule runs in (an index's cache).
+    epoch: Cell<u32>,
     /// [`ticks`] when the current timed window started.
     started: Cell<u64>,
     /// The trial's window times, in [`TRIAL`] order.
@@ -787,27 +796,42 @@ pub struct HitCache<A: Answer> {
     generation: CachePadded<unmodelled::AtomicU64>,
     /// The per-CPU caches, in per-CPU mode.
     per_cpu: Option<PerCpu<A>>,
-    /// The switch of a standalone cache ([`Switch`]; an index keeps its
-    /// cache's elsewhere).
-    enabled: Switch,
+    /// The switch of a standalone cache (an index keeps its cache's in
+    /// its root table, [`Switch::Index`]).
+    enabled: unmodelled::AtomicBool,
 }
 
-/// A cache's switch (module docs): whether the last trial found the cache
-/// faster. Read by every lookup, stored only when a trial changes it. A
-/// standalone [`HitCache`] holds its own; an index keeps its cache's on the
-/// line every lookup reads first, so that a switched-off cache costs no
-/// load of a line of its own.
-pub(crate) type Switch = unmodelled::AtomicBool;
+/// Where a cache's switch (module docs) is, for the trial that sets it.
+#[derive(Clone, Copy)]
+pub(crate) enum Switch<'a> {
+    /// A standalone [`HitCache`]'s own flag: `true` while the last trial
+    /// found the cache faster; while `false`, each thread counts its
+    /// lookups down to its next trial ([`switched_off`]).
+    Own(&'a unmodelled::AtomicBool),
+    /// An index's: its root table's `fast_above` ([`ARMED`] while on or
+    /// due for a trial, 0 while off, so a switched-off cache leaves the
+    /// lookup exactly the uncached one), re-armed by the agent (`rearm`).
+    Index(&'a AtomicU64, &'a std::sync::Arc<Arm>),
+}
 
-/// Whether this lookup goes past the cache whose switch is `switch`: the
-/// switch is off and the thread's countdown to its next trial has not run
-/// out (it is then counted down). Inlined into the index's lookup, so a
-/// switched-off cache costs the switch's load and one thread-local
-/// countdown: no call, no per-thread lookup. A signal handler that
+impl Switch<'_> {
+    fn is_on(self) -> bool {
+        // Relaxed: hints that publish nothing.
+        match self {
+            Switch::Own(on) => on.load(Ordering::Relaxed),
+            Switch::Index(word, _) => word.load(Ordering::Relaxed) == ARMED,
+        }
+    }
+}
+
+/// Whether this lookup of a standalone cache goes past it: its switch is
+/// off and the thread's countdown to its next trial has not run out (it
+/// is then counted down): the switch's load and one thread-local
+/// countdown, no call, no per-thread lookup. A signal handler that
 /// interrupts the countdown may lose one count, which only moves the next
 /// trial.
 #[inline(always)]
-pub(crate) fn switched_off(switch: &Switch) -> bool {
+fn switched_off(switch: &unmodelled::AtomicBool) -> bool {
     // Relaxed: a hint that publishes nothing; the entries have their own
     // protocol.
     if switch.load(Ordering::Relaxed) {
@@ -824,8 +848,8 @@ pub(crate) fn switched_off(switch: &Switch) -> bool {
 }
 
 std::thread_local! {
-    /// Lookups this thread sends past switched-off caches (of any index)
-    /// before its next lookup through one runs a trial. Const-initialised,
+    /// Lookups this thread sends past switched-off standalone caches (of
+    /// any of them) before its next lookup through one runs a trial. Const-initialised,
     /// no destructor: usable in signal handlers and thread teardown.
     static UNTIL_TRIAL: Cell<u32> = const { Cell::new(0) };
 }
@@ -880,7 +904,7 @@ impl<A: Answer> HitCache<A> {
         if switched_off(&self.enabled) {
             return miss();
         }
-        self.lookup_through(addr, &self.enabled, miss)
+        self.lookup_through(addr, Switch::Own(&self.enabled), miss)
     }
 
     /// Makes every entry filled so far unusable, on every thread: call it
@@ -893,7 +917,7 @@ impl<A: Answer> HitCache<A> {
 
     /// Counters, summed over threads.
     pub fn stats(&self) -> HitCacheStats {
-        self.collect_stats(&self.enabled)
+        self.collect_stats(Switch::Own(&self.enabled))
     }
 
     /// Looks `addr` up through the calling thread's cache; `miss` does the
@@ -901,7 +925,12 @@ impl<A: Answer> HitCache<A> {
     /// the cache's switch, first (this is the path of a switched-on cache
     /// and of a thread's trials).
     #[inline]
-    pub(crate) fn lookup_through(&self, addr: u64, switch: &Switch, miss: impl FnOnce() -> A) -> A {
+    pub(crate) fn lookup_through(
+        &self,
+        addr: u64,
+        switch: Switch<'_>,
+        miss: impl FnOnce() -> A,
+    ) -> A {
         let local = match self.locals.get() {
             Some(l) => l,
             None => match self.local() {
@@ -934,7 +963,7 @@ impl<A: Answer> HitCache<A> {
         &self,
         local: &ThreadCache<A>,
         addr: u64,
-        switch: &Switch,
+        switch: Switch<'_>,
         miss: impl FnOnce() -> A,
     ) -> A {
         if !local.cached.get() {
@@ -990,6 +1019,7 @@ impl<A: Answer> HitCache<A> {
                 left: Cell::new(if c.adaptive { WARM_UP } else { RUN }),
                 step: Cell::new(if c.adaptive { 0 } else { RUN_STEP }),
                 losses: Cell::new(0),
+                epoch: Cell::new(0),
                 started: Cell::new(0),
                 times: Default::default(),
                 busy: Cell::new(false),
@@ -999,7 +1029,7 @@ impl<A: Answer> HitCache<A> {
         )
     }
 
-    pub(crate) fn collect_stats(&self, switch: &Switch) -> HitCacheStats {
+    pub(crate) fn collect_stats(&self, switch: Switch<'_>) -> HitCacheStats {
         let mut s = HitCacheStats::default();
         for l in self.locals.iter() {
             // Relaxed: statistics; no other memory is published with them.
@@ -1011,7 +1041,7 @@ impl<A: Answer> HitCache<A> {
             s.threads += 1;
         }
         // Relaxed: a statistic.
-        s.enabled = switch.load(Ordering::Relaxed);
+        s.enabled = switch.is_on();
         let c = self.config;
         match &self.per_cpu {
             Some(pc) => {
@@ -1038,24 +1068,34 @@ impl<A: Answer> HitCache<A> {
 impl<A> ThreadCache<A> {
     /// Counts one lookup against the current step of the schedule.
     #[inline(always)]
-    fn tick(&self, enabled: &Switch) {
+    fn tick(&self, switch: Switch<'_>) {
         let left = self.left.get() - 1;
         if left > 0 {
             self.left.set(left);
             return;
         }
-        self.next_step(enabled);
+        self.next_step(switch);
     }
 
     /// Ends a step: records a timed window's time, and starts the next
     /// step (after the last window, the run in the faster mode; after the
     /// run, a new trial).
     #[cold]
-    fn next_step(&self, enabled: &Switch) {
+    fn next_step(&self, switch: Switch<'_>) {
         if !self.adaptive {
             // Always on: one endless run.
             self.left.set(RUN);
             return;
+        }
+        if let Switch::Index(_, arm) = switch {
+            let epoch = arm.epoch();
+            if epoch != self.epoch.get() {
+                // Re-armed since this step began: its window may span the
+                // time the cache was off (`rearm`). Start again.
+                self.epoch.set(epoch);
+                self.begin(0);
+                return;
+            }
         }
         let now = ticks();
         let step = self.step.get();
@@ -1065,25 +1105,46 @@ impl<A> ThreadCache<A> {
         let mut next = if step == RUN_STEP { 0 } else { step + 1 };
         if next == RUN_STEP {
             let pays = self.cache_pays();
-            // Relaxed: see `switched_off`. Stored only on a change, so the
-            // line stays shared while the switch holds.
-            if enabled.load(Ordering::Relaxed) != pays {
-                enabled.store(pays, Ordering::Relaxed);
-            }
             Counters::bump(&self.counters.trials);
-            if pays {
-                self.losses.set(0);
-            } else {
-                // Off: the thread's next lookups of switched-off caches
-                // skip it, `RUN` of them and twice as many after every
-                // further trial lost in a row; the one after runs a new
-                // trial here, from the warm-up.
-                let losses = self.losses.get();
-                self.losses.set(losses.saturating_add(1));
-                UNTIL_TRIAL.with(|n| n.set(RUN << losses.min(MAX_BACKOFF)));
-                next = 0;
+            match switch {
+                Switch::Own(enabled) => {
+                    // Relaxed: see `switched_off`. Stored only on a
+                    // change, so the line stays shared while it holds.
+                    if enabled.load(Ordering::Relaxed) != pays {
+                        enabled.store(pays, Ordering::Relaxed);
+                    }
+                    if pays {
+                        self.losses.set(0);
+                    } else {
+                        // Off: the thread's next lookups of switched-off
+                        // caches skip it, `RUN` of them and twice as many
+                        // after every further trial lost in a row; the one
+                        // after runs a new trial here, from the warm-up.
+                        let losses = self.losses.get();
+                        self.losses.set(losses.saturating_add(1));
+                        UNTIL_TRIAL.with(|n| n.set(RUN << losses.min(MAX_BACKOFF)));
+                        next = 0;
+                    }
+                }
+                Switch::Index(word, arm) => {
+                    if pays {
+                        arm.won();
+                    } else {
+                        // Off for every thread until the agent re-arms it;
+                        // this thread then starts from the warm-up, in the
+                        // epoch that re-arm begins.
+                        arm.disarm(word);
+                        self.epoch.set(arm.epoch().wrapping_add(1));
+                        next = 0;
+                    }
+                }
             }
         }
+        self.begin(next);
+    }
+
+    /// Starts step `next` of the schedule.
+    fn begin(&self, next: u8) {
         let (cached, len) = match next {
             0 => (true, WARM_UP),
             RUN_STEP => (true, RUN),
