@@ -3,7 +3,8 @@
 //! chained table (40,000 probes in 4,096 buckets, 20,000 hit); and the
 //! "enable 20k of 40k probes" toggle in this crate's terms.
 //!
-//! `cargo bench --bench hit_cache` (env `FPROBE_THREADS=1,2`, `FPROBE_RUN_MS=300`;
+//! `cargo bench --bench hit_cache` (env `FPROBE_THREADS=1,2`, `FPROBE_RUN_MS=300`,
+//! `FPROBE_ROUNDS=9`;
 //! `FPROBE_TRACE=PATH` adds a real call trace, see `sqlite_trace`)
 
 #[path = "common/runner.rs"]
@@ -105,8 +106,15 @@ fn build(addrs: &[u64], cache: Option<HitCacheConfig>) -> AddrIndex<u64> {
     index
 }
 
-/// Interleaved rounds per row (each runs every index once).
-const ROUNDS: usize = 9;
+/// Interleaved rounds per row (each runs every index once):
+/// `FPROBE_ROUNDS`, 9 by default.
+fn rounds() -> usize {
+    std::env::var("FPROBE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(9)
+}
 
 /// One index of each configuration the table compares, on one address set.
 struct Indexes {
@@ -138,7 +146,7 @@ impl Indexes {
         let before = self.cached.hit_cache_stats().unwrap();
         let (mut u, mut c, mut p, mut a) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut b = Vec::new();
-        for _ in 0..ROUNDS {
+        for _ in 0..rounds() {
             // Interleaved, so drift on a shared machine hits all.
             u.push(throughput(&self.plain, streams, run));
             b.push(throughput(&self.plain_again, streams, run));
@@ -239,7 +247,8 @@ fn main() {
     let threads = runner::threads();
     let run = runner::run_length();
     println!(
-        "hit cache: median of {ROUNDS} interleaved rounds × {} ms (ratios: median of the rounds' ratios), M lookups/s (total over threads); cache = {} B/thread",
+        "hit cache: median of {} interleaved rounds × {} ms (ratios: median of the rounds' ratios), M lookups/s (total over threads); cache = {} B/thread",
+        rounds(),
         run.as_millis(),
         HitCacheConfig::default().bytes_per_thread()
     );
@@ -344,7 +353,7 @@ fn chained_table(threads: &[usize], run: Duration) {
                 fprobe::HitCache::<u32>::new(HitCacheConfig::new().adaptive(false)).unwrap(),
             );
             let (mut plain, mut sw, mut al) = (Vec::new(), Vec::new(), Vec::new());
-            for _ in 0..ROUNDS {
+            for _ in 0..rounds() {
                 plain.push(chained_throughput(&table, None, &streams, run));
                 sw.push(chained_throughput(&table, Some(&switched), &streams, run));
                 al.push(chained_throughput(&table, Some(&always), &streams, run));

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ThreadSanitizer on the concurrency tests (rcu, index, objpool, retinst,
-# probe; short FPROBE_STRESS_MS), then the canary: a deliberate data race
+# probe, hit_cache; short FPROBE_STRESS_MS), then the canary: a deliberate data race
 # (tests/canary.rs) that TSan must report.
 #
 # Built with `--cfg fprobe_tsan`: TSan ignores standalone fences and cannot
@@ -21,13 +21,14 @@ export FPROBE_STRESS_MS="${FPROBE_STRESS_MS:-1000}" PROPTEST_CASES="${PROPTEST_C
 cargo_tsan() { cargo +nightly test -Zbuild-std --target "$san_target" "$@"; }
 status=0
 echo "== tsan: building std and the tests with -Zsanitizer=thread"
-san_build tsan cargo_tsan --no-run --test rcu --test index --test objpool --test retinst --test probe --test canary
+san_build tsan cargo_tsan --no-run --test rcu --test index --test objpool --test retinst --test probe --test hit_cache --test canary
 # fork(2) from a multi-threaded process is outside what TSan supports (it
 # may hang or report in the child), so the fork test is skipped here.
-for t in rcu index objpool retinst probe; do
+for t in rcu index objpool retinst probe hit_cache; do
   echo "== tsan: --test $t (FPROBE_STRESS_MS=$FPROBE_STRESS_MS)"
   skip=()
   [ "$t" = rcu ] && skip=(--skip fork_child_can_synchronize)
+  [ "$t" = hit_cache ] && skip=(--skip cached_index_works_in_a_forked_child)
   cargo_tsan --test "$t" -- "${skip[@]}" || status=1
 done
 # The patching runtime while threads run patched code (fork skipped as

@@ -4,6 +4,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
+#[cfg(all(unix, not(miri)))]
+#[path = "common/fork.rs"]
+mod fork;
+
 use fprobe::{AddrIndex, Error, HitCacheConfig, HitCacheMode, rcu};
 
 fn cached<V: Clone + Send + Sync + 'static>(ways: usize) -> AddrIndex<V> {
@@ -565,23 +569,10 @@ fn cached_index_works_in_a_forked_child() {
         unsafe { libc::_exit(if ok { 0 } else { 1 }) };
     }
     assert!(pid > 0);
-    let mut status = 0;
-    let t = std::time::Instant::now();
-    loop {
-        // SAFETY: (test) plain libc process calls with valid arguments.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            break;
-        }
-        if t.elapsed() > Duration::from_secs(20) {
-            // SAFETY: (test) as above.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("child hung using a cached index after fork");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "child failed"
+    let status = fork::wait_child(
+        pid,
+        Duration::from_secs(20),
+        "child hung using a cached index after fork",
     );
+    assert!(fork::exited_cleanly(status), "child failed");
 }

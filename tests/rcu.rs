@@ -4,6 +4,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+#[cfg(all(unix, not(miri)))]
+#[path = "common/fork.rs"]
+mod fork;
+
 use fprobe::rcu::{self, RcuPtr};
 
 const ALIVE: u64 = 0xA11C_E000_0000_0001;
@@ -355,22 +359,12 @@ fn fork_child_can_synchronize() {
         unsafe { libc::_exit(0) };
     }
     assert!(pid > 0);
-    let mut status = 0;
-    let t = Instant::now();
-    loop {
-        // SAFETY: (test) plain libc process/thread calls with valid arguments.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            break;
-        }
-        if t.elapsed() > Duration::from_secs(20) {
-            // SAFETY: (test) plain libc process/thread calls with valid arguments.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("child hung in synchronize after fork");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    let status = fork::wait_child(
+        pid,
+        Duration::from_secs(20),
+        "child hung in synchronize after fork",
+    );
+    assert!(fork::exited_cleanly(status));
     stop.store(true, Ordering::Relaxed);
     reader.join().unwrap();
 }

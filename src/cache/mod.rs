@@ -20,9 +20,9 @@
 //!
 //! | in front of | trace | always on | switched (default) |
 //! |---|---|---:|---:|
-//! | chained table, 40,000 in 4,096 buckets | Zipf(1.0) over 20,000 | 0.75 / 0.83 | 0.80 / 1.01 |
-//! | chained table, 40,000 in 4,096 buckets | uniform over 20,000 | 1.07 / 0.86 | 1.29 / 1.07 |
-//! | `AddrIndex`, 50,000 or 1,000,000 | Zipf, hot-64, uniform, SQLite calls | 0.25–0.74 | 0.79–1.08 |
+//! | chained table, 40,000 in 4,096 buckets | Zipf(1.0) over 20,000 | 0.91 / 0.98 | 1.01 / 1.02 |
+//! | chained table, 40,000 in 4,096 buckets | uniform over 20,000 | 1.03 / 0.93 | 1.12 / 1.03 |
+//! | `AddrIndex`, 50,000 or 1,000,000 | Zipf, hot-64, uniform, SQLite calls | 0.33–0.70 | 0.89–1.09 |
 //!
 //! It pays nowhere measured so far. In front of the index, the lines of the
 //! addresses a cache would keep are the ones already in the processor's
@@ -30,7 +30,9 @@
 //! about 90 instructions per hit against the 51 of a whole uncached lookup
 //! (callgrind, `examples/lookup_counts.rs`); the misses (the cold tail a
 //! 24 KiB cache cannot hold) cost what they cost without it.
-//! The switch then keeps it off, at the price below.
+//! The switch then keeps it off, where an index's lookups run exactly the
+//! uncached lookup's instructions (the switched range above is the spread
+//! two identical uncached indexes show in the same runs, 0.87–1.13).
 //!
 //! # Why it can help
 //!
