@@ -325,11 +325,12 @@ fn any_number_of_cached_indexes_each_get_a_cache() {
 /// The switch's schedule, whatever the timings: 1,024 lookups through the
 /// cache, a trial of three 1,024-lookup windows through it and three past
 /// it, then 65,536 lookups all through it (switch on), or all past it
-/// uncounted (switch off, the first trial lost) until the re-arm 64 ms
-/// later; then the next warm-up through it.
+/// uncounted (switch off, the first trial lost) until the re-arm, no sooner
+/// than 64 ms later; then the next warm-up through it.
 #[test]
 #[cfg_attr(miri, ignore)] // 70,000 lookups: minutes under miri, and no unsafe code of its own
 fn the_switch_runs_its_schedule() {
+    use std::time::{Duration, Instant};
     let index = cached(4);
     for a in 0..32u64 {
         index.insert(a, a).unwrap();
@@ -346,29 +347,41 @@ fn the_switch_runs_its_schedule() {
         (1024 + 3072, 3071, 0, true),
         "warm-up and trial"
     );
+    let before_end = Instant::now();
     let (through, past, trials, on) = counts(1);
     assert_eq!((through, past, trials), (4096, 3072, 1), "the trial ends");
-    let run = counts(65_536);
-    if on {
+    let run = if on {
+        let run = counts(65_536);
         assert_eq!(
             run,
             (4096 + 65_536, 3072, 1, true),
             "a run through the cache"
         );
+        run
     } else {
-        assert_eq!(run, (4096, 3072, 1, false), "a run past the cache");
-        // The agent re-arms it after 64 ms; allow a loaded machine 10 s.
-        let t = std::time::Instant::now();
+        let run = counts(1024);
+        // Only while the re-arm cannot have come yet (a slow build, under
+        // a sanitizer, may take longer than that for these lookups).
+        let early = before_end.elapsed() < Duration::from_millis(50);
+        if early {
+            assert_eq!(run, (4096, 3072, 1, false), "a run past the cache");
+        }
         while !index.hit_cache_stats().unwrap().enabled {
             assert!(
-                t.elapsed() < std::time::Duration::from_secs(10),
+                before_end.elapsed() < Duration::from_secs(10),
                 "the switch was never re-armed"
             );
-            std::thread::sleep(std::time::Duration::from_millis(5));
+            std::thread::sleep(Duration::from_millis(5));
         }
-        assert!(t.elapsed() >= std::time::Duration::from_millis(30));
-        assert_eq!(counts(0).0, 4096, "nothing counted while off");
-    }
+        assert!(
+            before_end.elapsed() >= Duration::from_millis(64),
+            "re-armed before its delay"
+        );
+        if !early {
+            return;
+        }
+        run
+    };
     let (through2, past2, _, _) = counts(1024);
     assert_eq!(
         (through2 - run.0, past2 - run.1),

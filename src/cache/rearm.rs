@@ -31,18 +31,23 @@
 //!   target and lowers it after its store (all `SeqCst`: a store-buffering
 //!   pair), so either its load sees the new target, or the index's load of
 //!   `busy` sees it raised and waits for the store to finish. `busy` holds
-//!   the agent's process id, and only one raised in this process is waited
-//!   for: in a forked child, whose agent did not survive, one left raised
-//!   by the parent's is ignored.
+//!   the process generation the agent ran in (bumped in every forked child
+//!   by a `pthread_atfork` handler), and only one raised in this
+//!   generation is waited for: in a child, whose agent did not survive,
+//!   one left raised by the parent's is ignored.
 //! * **Trials restart after a re-arm.** A thread that was in the middle of
 //!   a trial when another thread switched the cache off resumes, after the
 //!   re-arm, with a window timed across the whole off period; the re-arm
 //!   bumps an epoch, and a thread that sees a new epoch at a step boundary
 //!   discards its trial and starts again from the warm-up.
 //!
-//! After `fork`, the child has no agent until it builds a cached index: a
-//! cache switched off in the parent stays off in the child until then, or
-//! until a resize gives the index a new root table (which starts armed).
+//! After `fork`, the child has no agent until it builds a cached index, and
+//! the parent's agent's schedule is gone with it: a cache that was off at
+//! the fork stays off in the child until a resize or `clear` gives its
+//! index a new root table (which starts armed). An `Arm` caught mid-push
+//! or mid-pop by the fork stays marked queued in the child, so its later
+//! lost trials are not re-armed either (until the next new root table);
+//! its lookups stay correct, only uncached.
 
 use std::ptr;
 use std::sync::Arc;
@@ -68,8 +73,8 @@ pub(crate) struct Arm {
     /// Address of the current root table's `fast_above` word; 0 once the
     /// index is being dropped.
     target: AtomicUsize,
-    /// The agent's process id while it is between its load of `target`
-    /// and its store through it, else 0 (module docs).
+    /// The process generation ([`generation`]) while the agent is between
+    /// its load of `target` and its store through it, else 0 (module docs).
     busy: AtomicUsize,
     /// On the agent's stack (or held by it) since a disarm.
     queued: AtomicBool,
@@ -110,7 +115,7 @@ impl Arm {
         // SeqCst: as above; seeing `busy` lowered means the agent's store
         // through the old target (if any) is done, or its load will see
         // the new one.
-        let me = std::process::id() as usize;
+        let me = generation();
         while self.busy.load(Ordering::SeqCst) == me {
             std::thread::yield_now();
         }
@@ -140,9 +145,11 @@ impl Arm {
         word.store(DISARMED, Ordering::Relaxed);
         let n = self.losses.load(Ordering::Relaxed);
         self.losses.store(n.saturating_add(1), Ordering::Relaxed);
-        // Relaxed: the push below publishes the arm; a second disarm
-        // before the agent took the first up only finds it queued.
-        if self.queued.swap(true, Ordering::Relaxed) {
+        // Acquire: pairs with the agent's Release store of `false`, which
+        // follows its last read of `next`; the store to `next` below
+        // cannot reach that read. A second disarm before the agent took
+        // the first up only finds it queued.
+        if self.queued.swap(true, Ordering::Acquire) {
             wake();
             return;
         }
@@ -171,9 +178,37 @@ static PENDING: AtomicPtr<Arm> = AtomicPtr::new(ptr::null_mut());
 static WAKE: AtomicU32 = AtomicU32::new(0);
 /// The process the agent thread was started in (0: none).
 static AGENT_PID: AtomicUsize = AtomicUsize::new(0);
+/// This process's generation: 1, plus one per `fork` since the handler was
+/// installed (never 0, the value of a lowered `busy`).
+static GENERATION: AtomicUsize = AtomicUsize::new(1);
+
+fn generation() -> usize {
+    // Relaxed: written only by the fork handler, in the child's one thread
+    // before anything else runs there.
+    GENERATION.load(Ordering::Relaxed)
+}
+
+/// Installs the fork handler that bumps [`GENERATION`] in the child, once,
+/// before the first agent can raise a `busy`.
+fn install_fork_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        #[cfg(not(miri))]
+        {
+            extern "C" fn child() {
+                // Relaxed: see `generation`.
+                GENERATION.fetch_add(1, Ordering::Relaxed);
+            }
+            // SAFETY: registers a function of the process's lifetime; the
+            // handler only increments an atomic (async-signal-safe).
+            unsafe { libc::pthread_atfork(None, None, Some(child)) };
+        }
+    });
+}
 
 /// Starts the agent unless one runs in this process.
 fn start_agent() {
+    install_fork_handler();
     let pid = std::process::id() as usize;
     // Relaxed: only this function writes `AGENT_PID`; two racing starts
     // in one process are told apart by the swap.
@@ -205,9 +240,10 @@ fn run() {
             // the stack; that reference is ours now.
             let arm = unsafe { Arc::from_raw(p) };
             p = arm.next.load(Ordering::Relaxed);
-            // Relaxed: a later disarm may push it again (it is not on the
-            // stack any more); `scheduled` keeps one entry per arm.
-            arm.queued.store(false, Ordering::Relaxed);
+            // Release: pairs with the Acquire swap in `disarm`; the load of
+            // `next` above is done before a later disarm may push it again
+            // (and write `next`). `scheduled` keeps one entry per arm.
+            arm.queued.store(false, Ordering::Release);
             let n = arm.losses.load(Ordering::Relaxed).max(1) - 1;
             let due = now + (BASE * (1 << n.min(MAX_DOUBLINGS))).as_nanos() as u64;
             match scheduled.iter_mut().find(|(_, a)| Arc::ptr_eq(a, &arm)) {
@@ -233,8 +269,7 @@ fn run() {
 /// Switches `arm`'s cache back on, unless its index is being dropped.
 fn rearm(arm: &Arm) {
     // SeqCst: the store-buffering pair with `retarget` (module docs).
-    arm.busy
-        .store(std::process::id() as usize, Ordering::SeqCst);
+    arm.busy.store(generation(), Ordering::SeqCst);
     let t = arm.target.load(Ordering::SeqCst);
     if t != 0 {
         // Relaxed: the epoch is a hint (see `Arm::epoch`).
@@ -252,7 +287,7 @@ fn rearm(arm: &Arm) {
 fn wake() {
     // Release: pairs with the agent's Acquire load of `WAKE`.
     WAKE.fetch_add(1, Ordering::Release);
-    #[cfg(not(miri))]
+    #[cfg(all(target_os = "linux", target_pointer_width = "64", not(miri)))]
     // SAFETY: FUTEX_WAKE on a static word; no other memory is passed.
     unsafe {
         libc::syscall(
@@ -266,7 +301,9 @@ fn wake() {
 
 /// Sleeps while `WAKE` holds `seen`, at most `timeout` (forever if none).
 fn sleep_while(seen: u32, timeout: Option<Duration>) {
-    #[cfg(not(miri))]
+    // 64-bit Linux: `SYS_futex` takes this `timespec` (32-bit targets may
+    // define a 64-bit `time_t` that it does not).
+    #[cfg(all(target_os = "linux", target_pointer_width = "64", not(miri)))]
     {
         let ts = timeout.map(|t| libc::timespec {
             tv_sec: t.as_secs() as libc::time_t,
@@ -285,9 +322,9 @@ fn sleep_while(seen: u32, timeout: Option<Duration>) {
             );
         }
     }
-    #[cfg(miri)]
+    #[cfg(not(all(target_os = "linux", target_pointer_width = "64", not(miri))))]
     {
-        // miri has no futex through `syscall`: poll.
+        // miri has no futex through `syscall` (nor do other systems): poll.
         let _ = seen;
         std::thread::sleep(timeout.unwrap_or(BASE).min(BASE));
     }

@@ -364,22 +364,27 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         })
     }
 
-    /// Publishes `fresh` as the root table (`Release`, pairing with the
-    /// lookups' `Acquire` loads of `root`) and points the cache's switch at
-    /// it, armed (a new table starts with a trial); returns the old root,
-    /// which the caller retires only after this returned
-    /// (`cache::rearm`: the agent writes only a live table's word).
+    /// Points the cache's switch at `fresh`, armed (a new table starts with
+    /// a trial), and publishes it as the root table (`Release`, pairing with
+    /// the lookups' `Acquire` loads of `root`); returns the old root, which
+    /// the caller retires only after this returned (`cache::rearm`: the
+    /// agent writes only a live table's word).
     fn publish_root(&self, fresh: *mut Table) -> *mut Table {
         if let Some(arm) = &self.arm {
-            // SAFETY: `fresh` is allocated and not yet reachable by lookups.
+            // SAFETY: `fresh` is allocated, and freed only after a later
+            // `publish_root` or the drop, both of which retarget first. It
+            // may be reachable already (as the root's `future`), but no
+            // lookup reads a table's `fast_above` before it is the root.
             let t = unsafe { &*fresh };
             // Relaxed: published by the Release swap below.
             t.fast_above.store(crate::cache::ARMED, Ordering::Relaxed);
+            // Before the swap: a trial lost on the fresh root (once it is
+            // published) is re-armed in the fresh root, never only in the
+            // old one (where a re-arm would be lost to the lookups).
+            arm.retarget(Some(&t.fast_above));
             // AcqRel: Release publishes the fresh table; Acquire makes the
             // old chain ours to retire.
-            let old = self.root.ptr.swap(fresh, Ordering::AcqRel);
-            arm.retarget(Some(&t.fast_above));
-            old
+            self.root.ptr.swap(fresh, Ordering::AcqRel)
         } else {
             // AcqRel: as above.
             self.root.ptr.swap(fresh, Ordering::AcqRel)
