@@ -116,6 +116,12 @@ fn rounds() -> usize {
         .unwrap_or(9)
 }
 
+/// The median of the rounds' ratios `x[i] / base[i]` (a round's runs are
+/// adjacent, so they share the machine's drift).
+fn median_ratio(x: &[f64], base: &[f64]) -> f64 {
+    runner::median(x.iter().zip(base).map(|(x, b)| x / b).collect())
+}
+
 /// One index of each configuration the table compares, on one address set.
 struct Indexes {
     plain: Arc<AddrIndex<u64>>,
@@ -157,9 +163,7 @@ impl Indexes {
         let after = self.cached.hit_cache_stats().unwrap();
         let hits = after.hits - before.hits;
         let through = hits + after.misses - before.misses;
-        // Each ratio is the median of the rounds' ratios (a round's runs
-        // are adjacent, so they share the machine's drift).
-        let ratio = |x: &[f64]| runner::median(x.iter().zip(&u).map(|(x, u)| x / u).collect());
+        let ratio = |x: &[f64]| median_ratio(x, &u);
         let (rc, rp, ra, rb) = (ratio(&c), ratio(&p), ratio(&a), ratio(&b));
         let (u, c, p, a) = (
             runner::median(u),
@@ -358,9 +362,7 @@ fn chained_table(threads: &[usize], run: Duration) {
                 sw.push(chained_throughput(&table, Some(&switched), &streams, run));
                 al.push(chained_throughput(&table, Some(&always), &streams, run));
             }
-            let ratio =
-                |x: &[f64]| runner::median(x.iter().zip(&plain).map(|(x, u)| x / u).collect());
-            let (rw, ra) = (ratio(&sw), ratio(&al));
+            let (rw, ra) = (median_ratio(&sw, &plain), median_ratio(&al, &plain));
             let (p, w, a) = (
                 runner::median(plain),
                 runner::median(sw),

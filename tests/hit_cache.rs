@@ -441,12 +441,11 @@ fn switched_off_cache_is_rearmed_through_resizes() {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    drop(index);
 }
 
 /// Indexes whose caches are switched off, dropped while their re-arm is
-/// pending: the agent must not write into their freed tables (ASan and
-/// miri runs catch it if it does).
+/// pending: the agent must not write into their freed tables (the
+/// AddressSanitizer run catches it if it does).
 #[test]
 #[cfg_attr(miri, ignore)] // 8,000 lookups per index
 fn index_dropped_while_its_rearm_is_pending() {

@@ -850,9 +850,10 @@ fn switched_off(switch: &unmodelled::AtomicBool) -> bool {
 }
 
 std::thread_local! {
-    /// Lookups this thread sends past switched-off standalone caches (of
-    /// any of them) before its next lookup through one runs a trial. Const-initialised,
-    /// no destructor: usable in signal handlers and thread teardown.
+    /// Lookups this thread sends past switched-off standalone caches (all
+    /// of them together) before its next lookup through one runs a trial.
+    /// Const-initialised, no destructor: usable in signal handlers and
+    /// thread teardown.
     static UNTIL_TRIAL: Cell<u32> = const { Cell::new(0) };
 }
 

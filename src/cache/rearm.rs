@@ -24,8 +24,9 @@
 //!   with `FUTEX_WAKE`. The agent reads the clock when it takes it up.
 //! * **The agent writes only a live table's word.** An `Arm` holds the
 //!   address of the current root table's word. The index points it at a
-//!   new root table after publishing that table and *before* retiring the
-//!   old one, and clears it before freeing its tables on drop
+//!   new root table before publishing that table (so a trial lost on the
+//!   new root is re-armed there) and so before retiring the old one, and
+//!   clears it before freeing its tables on drop
 //!   ([`Arm::retarget`]); then it waits while the agent is inside a
 //!   re-arm of this `Arm`. The agent raises `busy` before it loads the
 //!   target and lowers it after its store (all `SeqCst`: a store-buffering
@@ -70,9 +71,9 @@ const DISARMED: u64 = 0;
 
 /// One index cache's re-arm state, shared with the agent.
 pub(crate) struct Arm {
-    /// Address of the current root table's `fast_above` word; 0 once the
-    /// index is being dropped.
-    target: AtomicUsize,
+    /// The current root table's `fast_above` word; null once the index is
+    /// being dropped.
+    target: AtomicPtr<AtomicU64>,
     /// The process generation ([`generation`]) while the agent is between
     /// its load of `target` and its store through it, else 0 (module docs).
     busy: AtomicUsize,
@@ -92,7 +93,7 @@ impl Arm {
     pub(crate) fn new(word: &AtomicU64) -> Arc<Self> {
         start_agent();
         Arc::new(Self {
-            target: AtomicUsize::new(ptr::from_ref(word) as usize),
+            target: AtomicPtr::new(ptr::from_ref(word).cast_mut()),
             busy: AtomicUsize::new(0),
             queued: AtomicBool::new(false),
             next: AtomicPtr::new(ptr::null_mut()),
@@ -103,13 +104,13 @@ impl Arm {
 
     /// Points the agent at a new root table's word (`None`: the index is
     /// being dropped), and returns once the agent can no longer store into
-    /// the old one. The caller published the new table before this and
-    /// retires (or frees) the old one after it.
+    /// the old one. The caller publishes the new table after this and
+    /// retires (or frees) the old one after that.
     pub(crate) fn retarget(&self, word: Option<&AtomicU64>) {
         // SeqCst: the store-buffering pair with the agent's `busy` store
         // and `target` load (module docs).
         self.target.store(
-            word.map_or(0, |w| ptr::from_ref(w) as usize),
+            word.map_or(ptr::null_mut(), |w| ptr::from_ref(w).cast_mut()),
             Ordering::SeqCst,
         );
         // SeqCst: as above; seeing `busy` lowered means the agent's store
@@ -271,13 +272,13 @@ fn rearm(arm: &Arm) {
     // SeqCst: the store-buffering pair with `retarget` (module docs).
     arm.busy.store(generation(), Ordering::SeqCst);
     let t = arm.target.load(Ordering::SeqCst);
-    if t != 0 {
+    // SAFETY: null, or the word of a table that `retarget` has not let go
+    // of yet: it waits for `busy` to fall before the table can be retired
+    // or freed (module docs).
+    if let Some(word) = unsafe { t.as_ref() } {
         // Relaxed: the epoch is a hint (see `Arm::epoch`).
         arm.epoch.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: `t` is the word of a table that `retarget` has not let
-        // go of yet: it waits for `busy` to fall before the table can be
-        // retired or freed (module docs).
-        unsafe { &*(t as *const AtomicU64) }.store(ARMED, Ordering::Relaxed);
+        word.store(ARMED, Ordering::Relaxed);
     }
     // SeqCst: as above.
     arm.busy.store(0, Ordering::SeqCst);

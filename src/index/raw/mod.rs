@@ -154,7 +154,7 @@ pub(crate) struct RawIndex<V> {
     /// lookup past the fast path, `Table::fast_above`).
     root: CachePadded<Root>,
     /// The recent-hit cache, when configured; writers bump its generation.
-    /// Lookups test it only off the fast path (`Root::fast_above`).
+    /// Lookups test it only off the fast path (`Table::fast_above`).
     ///
     /// Boxed: the test for "no cache" is then one null check of a pointer
     /// (an inline `Option<HitCache>` was a two-branch test of a niche tag).
@@ -382,13 +382,10 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             // published) is re-armed in the fresh root, never only in the
             // old one (where a re-arm would be lost to the lookups).
             arm.retarget(Some(&t.fast_above));
-            // AcqRel: Release publishes the fresh table; Acquire makes the
-            // old chain ours to retire.
-            self.root.ptr.swap(fresh, Ordering::AcqRel)
-        } else {
-            // AcqRel: as above.
-            self.root.ptr.swap(fresh, Ordering::AcqRel)
         }
+        // AcqRel: Release publishes the fresh table; Acquire makes the old
+        // chain ours to retire.
+        self.root.ptr.swap(fresh, Ordering::AcqRel)
     }
 
     /// The record of `key`, or null, from the tables. The caller holds a
