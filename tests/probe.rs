@@ -317,6 +317,7 @@ fn panicking_handlers_are_contained() {
     assert_eq!(ok.load(Ordering::Relaxed), 3, "other probes keep running");
     let s = reg.stats(bad).unwrap();
     assert_eq!(s.panics, 3, "1 entry + 2 exit panics: {s:?}");
+    assert_eq!(s.in_flight, 0, "a panicked exit has returned: {s:?}");
     assert_eq!(reg.stats(good).unwrap().panics, 0);
     reg.unregister(bad).unwrap();
     reg.unregister(good).unwrap();
@@ -648,4 +649,107 @@ fn stats_read_during_dispatch_never_show_more_exits_than_hits() {
     assert_eq!(bad, None, "after {reads} reads");
     let s = reg.stats(h).unwrap();
     assert_eq!(s.hits, s.exits, "quiet: every call returned");
+}
+
+/// `in_flight` counts calls between an entry that kept an exit and its
+/// return, whatever the return did (ran, skipped as recursion or for an
+/// ignored thread, forgotten by a pairing reset).
+#[test]
+fn in_flight_counts_open_calls_until_they_end() {
+    let reg = Registry::<()>::builder().build().unwrap();
+    let with_exit = Fprobe::builder().data_size(8).exit(|_| {}).build();
+    let h = reg.register(with_exit, &[0x10, 0x20]).unwrap();
+    let entry_only = reg
+        .register(
+            Fprobe::builder().entry(|_| EntryAction::Continue).build(),
+            &[0x10],
+        )
+        .unwrap();
+    let in_flight = |h| reg.stats(h).unwrap().in_flight;
+    reg.on_entry(0x10, 0, &());
+    reg.on_entry(0x20, 0, &());
+    reg.on_entry(0x30, 0, &()); // unprobed
+    assert_eq!((in_flight(h), in_flight(entry_only)), (2, 0));
+    reg.on_exit(0, &());
+    reg.on_exit(0, &());
+    assert_eq!(in_flight(h), 1);
+    ignore_current_thread(true);
+    reg.on_exit(0, &());
+    ignore_current_thread(false);
+    let s = reg.stats(h).unwrap();
+    assert_eq!(
+        (s.in_flight, s.exits),
+        (0, 1),
+        "an ignored exit ends the call: {s:?}"
+    );
+
+    reg.on_entry(0x20, 0, &());
+    reg.on_entry(0x10, 0, &());
+    assert_eq!(in_flight(h), 2);
+    reg.reset_pairing();
+    assert_eq!(in_flight(h), 2, "forgotten at the thread's next dispatch");
+    reg.on_entry(0x30, 0, &());
+    assert_eq!(in_flight(h), 0, "the reset forgot both calls");
+    reg.on_exit(0, &());
+    assert_eq!(reg.stats(h).unwrap().exits, 1);
+}
+
+/// `drain` waits for a call in flight on another thread and runs its exit;
+/// it times out on a thread parked inside a call and says how many are
+/// left; it does not wait for the caller's own open calls.
+#[test]
+fn drain_waits_for_calls_in_flight() {
+    let reg = Registry::<()>::builder().build().unwrap();
+    let exits = counter();
+    let x2 = exits.clone();
+    let h = reg
+        .register(
+            Fprobe::builder()
+                .exit(move |_| {
+                    x2.fetch_add(1, Ordering::Relaxed);
+                })
+                .build(),
+            &[0x10],
+        )
+        .unwrap();
+    let (entered, release) = (Barrier::new(2), Barrier::new(2));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            reg.on_entry(0x10, 0, &());
+            entered.wait();
+            release.wait();
+            std::thread::sleep(Duration::from_millis(20));
+            reg.on_exit(0, &());
+        });
+        entered.wait();
+        // The caller's own open call is not waited for.
+        reg.on_entry(0x10, 0, &());
+        let t = Instant::now();
+        assert_eq!(reg.drain(h, Duration::from_millis(30)).unwrap(), 1);
+        assert!(
+            t.elapsed() >= Duration::from_millis(30),
+            "timed out, not earlier"
+        );
+        assert_eq!(exits.load(Ordering::Relaxed), 0);
+        // Disabled: a new entry keeps nothing.
+        reg.on_entry(0x10, 0, &());
+        reg.on_exit(0, &());
+        assert_eq!(reg.stats(h).unwrap().missed.disabled, 1);
+        release.wait();
+        assert_eq!(reg.drain(h, Duration::from_secs(60)).unwrap(), 0);
+        assert_eq!(
+            exits.load(Ordering::Relaxed),
+            1,
+            "the parked call's exit ran"
+        );
+        reg.on_exit(0, &());
+        assert_eq!(
+            exits.load(Ordering::Relaxed),
+            2,
+            "and so does the caller's own"
+        );
+    });
+    assert_eq!(reg.stats(h).unwrap().in_flight, 0);
+    reg.unregister(h).unwrap();
+    assert!(matches!(reg.drain(h, Duration::ZERO), Err(Error::NotFound)));
 }

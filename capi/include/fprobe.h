@@ -154,6 +154,9 @@ typedef struct fprobe_stats {
   uint64_t missed_depth;
   // Hits while the probe was disabled.
   uint64_t missed_disabled;
+  // Calls between an entry that kept the probe's exit and their return
+  // (0 once they have all returned; see [`fprobe_drain`]).
+  uint64_t in_flight;
 } fprobe_stats;
 
 // A patched call's saved registers, what a handler's `engine_ctx`
@@ -235,6 +238,25 @@ int fprobe_register(struct fprobe_registry *r,
 //
 // `r` is NULL or from [`fprobe_registry_new`].
 int fprobe_unregister(struct fprobe_registry *r, uint64_t handle);
+
+// Disables the probe (as [`fprobe_disable`]) and waits until every call
+// in flight that entered it on another thread has returned through its
+// exit handler, or until `timeout_ms` milliseconds have passed; writes
+// how many were still in flight to `*left_out` (0: drained) unless it is
+// NULL. Calls in flight on the calling thread are not waited for. Drain
+// and then [`fprobe_unregister`] to run one exit for every entry.
+//
+// Returns as [`fprobe_unregister`]. Thread-safe; blocks for a grace
+// period and then up to the timeout.
+//
+// # Safety
+//
+// `r` is NULL or from [`fprobe_registry_new`]; `left_out` is NULL or
+// writable.
+int fprobe_drain(struct fprobe_registry *r,
+                 uint64_t handle,
+                 uint64_t timeout_ms,
+                 uint64_t *left_out);
 
 // Resumes a disabled probe. Returns [`FPROBE_E_NULL`],
 // [`FPROBE_E_NOT_FOUND`] or [`FPROBE_E_DESTROYED`]. Thread-safe, never
@@ -365,6 +387,18 @@ int fprobe_patch_attach(const struct fprobe_probe *probe,
 // runs afterwards. Returns [`FPROBE_E_NOT_FOUND`] for an unknown or
 // detached handle, [`FPROBE_E_OS`]. Thread-safe; not from a handler.
 int fprobe_patch_detach(uint64_t handle);
+
+// Detaches the probe `handle` names as [`fprobe_patch_detach`] does,
+// after waiting up to `timeout_ms` milliseconds for the calls in flight
+// on other threads to return through its exit handler; writes how many
+// were still in flight then (their exits skipped; 0: every entry got its
+// exit) to `*left_out` unless it is NULL. Returns as
+// [`fprobe_patch_detach`]. Thread-safe; not from a handler.
+//
+// # Safety
+//
+// `left_out` is NULL or writable.
+int fprobe_patch_detach_draining(uint64_t handle, uint64_t timeout_ms, uint64_t *left_out);
 
 // Writes the attached probe's counters to `*out`. Returns
 // [`FPROBE_E_NULL`], [`FPROBE_E_NOT_FOUND`].

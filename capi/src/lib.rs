@@ -230,6 +230,9 @@ pub struct fprobe_stats {
     pub missed_depth: u64,
     /// Hits while the probe was disabled.
     pub missed_disabled: u64,
+    /// Calls between an entry that kept the probe's exit and their return
+    /// (0 once they have all returned; see [`fprobe_drain`]).
+    pub in_flight: u64,
 }
 
 impl From<fprobe::probe::ProbeStats> for fprobe_stats {
@@ -240,6 +243,7 @@ impl From<fprobe::probe::ProbeStats> for fprobe_stats {
             missed_recursion: s.missed.recursion,
             missed_depth: s.missed.depth,
             missed_disabled: s.missed.disabled,
+            in_flight: s.in_flight,
         }
     }
 }
@@ -683,6 +687,43 @@ pub unsafe extern "C" fn fprobe_unregister(r: *mut fprobe_registry, handle: u64)
     }
     // SAFETY: forwarded contract.
     unsafe { with_probe(r, handle, |reg, h| reg.unregister(h)) }
+}
+
+/// Disables the probe (as [`fprobe_disable`]) and waits until every call
+/// in flight that entered it on another thread has returned through its
+/// exit handler, or until `timeout_ms` milliseconds have passed; writes
+/// how many were still in flight to `*left_out` (0: drained) unless it is
+/// NULL. Calls in flight on the calling thread are not waited for. Drain
+/// and then [`fprobe_unregister`] to run one exit for every entry.
+///
+/// Returns as [`fprobe_unregister`]. Thread-safe; blocks for a grace
+/// period and then up to the timeout.
+///
+/// # Safety
+///
+/// `r` is NULL or from [`fprobe_registry_new`]; `left_out` is NULL or
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_drain(
+    r: *mut fprobe_registry,
+    handle: u64,
+    timeout_ms: u64,
+    left_out: *mut u64,
+) -> c_int {
+    if rcu::in_read_section() {
+        return FPROBE_E_BUSY;
+    }
+    // SAFETY: forwarded contract.
+    unsafe {
+        with_probe(r, handle, |reg, h| {
+            let left = reg.drain(h, std::time::Duration::from_millis(timeout_ms))?;
+            if !left_out.is_null() {
+                // SAFETY: non-null, writable by the contract.
+                *left_out = left;
+            }
+            Ok(())
+        })
+    }
 }
 
 /// Resumes a disabled probe. Returns [`FPROBE_E_NULL`],

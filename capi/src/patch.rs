@@ -118,6 +118,39 @@ pub extern "C" fn fprobe_patch_detach(handle: u64) -> c_int {
     })
 }
 
+/// Detaches the probe `handle` names as [`fprobe_patch_detach`] does,
+/// after waiting up to `timeout_ms` milliseconds for the calls in flight
+/// on other threads to return through its exit handler; writes how many
+/// were still in flight then (their exits skipped; 0: every entry got its
+/// exit) to `*left_out` unless it is NULL. Returns as
+/// [`fprobe_patch_detach`]. Thread-safe; not from a handler.
+///
+/// # Safety
+///
+/// `left_out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_patch_detach_draining(
+    handle: u64,
+    timeout_ms: u64,
+    left_out: *mut u64,
+) -> c_int {
+    ffi(|| {
+        let a = {
+            let mut t = ATTACHED.lock().unwrap_or_else(|p| p.into_inner());
+            t.1.as_mut()
+                .and_then(|m| m.remove(&handle))
+                .ok_or(FPROBE_E_NOT_FOUND)?
+        };
+        let left = fprobe_patch::detach_draining(a, std::time::Duration::from_millis(timeout_ms))
+            .map_err(patch_code)?;
+        if !left_out.is_null() {
+            // SAFETY: non-null, writable by the contract.
+            unsafe { *left_out = left };
+        }
+        Ok(())
+    })
+}
+
 /// Writes the attached probe's counters to `*out`. Returns
 /// [`FPROBE_E_NULL`], [`FPROBE_E_NOT_FOUND`].
 ///

@@ -7,8 +7,8 @@
 //! dispatches, which entry and exit handlers must run, in which order, with
 //! which cookie and per-call data, given the registrations,
 //! unregistrations, enables and disables before it; and what each probe's
-//! counters (`Registry::stats`: hits, exits, misses by cause, panics) must
-//! read. Handlers log every call; the log and the counters are compared with
+//! counters (`Registry::stats`: hits, exits, misses by cause, panics, calls
+//! in flight) must read. Handlers log every call; the log and the counters are compared with
 //! the model after every step. The registry is tiny (4 probe slots, a
 //! shadow stack a few words deep) so that every miss path runs; the model
 //! counts the stack's words exactly as `probe/shadow.rs` lays them out.
@@ -75,6 +75,10 @@ pub enum Op {
     ResetPairing,
     /// Drops the registry (calls may be in flight) and makes a new one.
     Recreate,
+    /// `Registry::drain` with no wait: disables the probe; the test
+    /// thread's own calls in flight are not waited for, and no other
+    /// thread has one, so it reports none left.
+    Drain(u8),
 }
 
 /// Maps a fuzzed byte to an address: a small space, with 0 and `u64::MAX`.
@@ -446,7 +450,7 @@ impl Model {
     }
 }
 
-fn check(reg: &Registry<()>, m: &Model, log: &Log) {
+fn check(reg: &Registry<()>, m: &Model, me: &ThreadModel, log: &Log) {
     assert_eq!(*log.lock().unwrap(), m.events, "handler calls");
     for (i, p) in m.probes.iter().enumerate() {
         if p.gone {
@@ -456,6 +460,17 @@ fn check(reg: &Registry<()>, m: &Model, log: &Log) {
             Ok(s) => {
                 assert!(p.alive, "stats of unregistered probe {i}");
                 assert_eq!(Counters::of(&s), p.counters, "counters of probe {i}");
+                // Calls of the test thread whose frame holds the probe's
+                // exit (others' calls are whole); frames a pairing reset
+                // dropped count until the thread's next dispatch, in the
+                // real stack and in the model alike.
+                let open = me
+                    .frames
+                    .iter()
+                    .flat_map(|f| &f.insts)
+                    .filter(|x| x.probe == i)
+                    .count() as u64;
+                assert_eq!(s.in_flight, open, "calls in flight of probe {i}");
             }
             Err(e) => {
                 assert!(!p.alive, "probe {i} lost: {e}");
@@ -588,6 +603,15 @@ pub fn run(data_size: usize, max_depth: usize, ops: &[Op]) {
                 reg.reset_pairing();
                 me.reset = true;
             }
+            Op::Drain(nth) => {
+                let zero = std::time::Duration::ZERO;
+                if let Some(p) = m.live(*nth) {
+                    assert_eq!(reg.drain(m.probes[p].handle, zero), Ok(0));
+                    m.probes[p].enabled = false;
+                } else if let Some(p) = m.dead(*nth) {
+                    assert_eq!(reg.drain(m.probes[p].handle, zero), Err(Error::NotFound));
+                }
+            }
             Op::Recreate => {
                 reg = new_registry(data_size, max_depth, &cell);
                 for p in &mut m.probes {
@@ -601,7 +625,7 @@ pub fn run(data_size: usize, max_depth: usize, ops: &[Op]) {
                 };
             }
         }
-        check(&reg, &m, &log);
+        check(&reg, &m, &me, &log);
     }
     ignore_current_thread(false);
     drop(reg);

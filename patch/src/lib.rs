@@ -39,6 +39,9 @@
 //!    through the probes.
 //!
 //! Detaching stores the two nops back (one 2-byte store) and serialises.
+//! A thread inside a detached function returns through its stub; its exit
+//! handlers are skipped, unless the probe was detached with
+//! [`detach_draining`], which first waits for such calls to return.
 //! The prefix keeps its jump: it is reached only through the entry jump,
 //! and a thread preempted between the two must still find it, so it is
 //! never rewritten once written (a later attach reuses it). Pages are made
@@ -167,6 +170,8 @@ mod tramp;
 
 pub use error::Error;
 pub use regs::Regs;
-pub use runtime::{Attached, attach, attach_with_cookies, detach, missed, registry};
+pub use runtime::{
+    Attached, attach, attach_with_cookies, detach, detach_draining, missed, registry,
+};
 pub use sites::{Layout, Site, sites};
 pub use tramp::{RETURN_DEPTH, prepare_thread};

@@ -371,6 +371,27 @@ pub fn attach_with_cookies(
     })
 }
 
+/// Detaches a probe after draining it: stops its entries, waits up to
+/// `timeout` for the calls in flight on other threads to return through
+/// its exit handler ([`Registry::drain`]), then [`detach`]es it. Returns
+/// the calls that were still in flight at the timeout (their exits are
+/// skipped): 0 when every entry of the probe got its exit.
+///
+/// # Errors
+///
+/// As [`detach`].
+///
+/// # Panics
+///
+/// From a handler (as [`Registry::drain`]).
+pub fn detach_draining(a: Attached, timeout: std::time::Duration) -> Result<u64, Error> {
+    let left = registry()
+        .drain(a.handle, timeout)
+        .expect("attached probes stay registered until detached");
+    detach(a)?;
+    Ok(left)
+}
+
 /// Detaches a probe: unregisters it (when this returns none of its
 /// handlers runs or will run; one grace period) and restores the entry
 /// nops of every function no other attached probe uses. A thread inside

@@ -91,7 +91,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
             return false;
         };
         // Relaxed: see `reset_pairing`.
-        local.begin(self.epoch.load(Ordering::Relaxed));
+        let epoch = self.epoch.load(Ordering::Relaxed);
+        if local.begin(epoch) {
+            self.forget_frames(local, Some(epoch));
+        }
         let attached = self.index.get(addr, guard);
         // `Some(kept)` when the probes ran and `entry_frame` pushed the
         // call's frame (or marker); `None` when nothing ran.
@@ -202,6 +205,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 local.write(at + dw, a.cookie);
                 local.write(at + dw + 1, a.generation);
                 local.write(at + dw + 2, u64::from(a.slot) | (dw as u64) << 32);
+                count(local, a, Counter::Kept);
                 used += a.frame_words as usize;
                 n += 1;
             }
@@ -256,7 +260,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
     fn on_exit_with<G>(&self, ret_addr: u64, ctx: &C, section: impl FnOnce() -> G) {
         let Some(local) = self.local() else { return };
         // Relaxed: see `reset_pairing`.
-        local.begin(self.epoch.load(Ordering::Relaxed));
+        let epoch = self.epoch.load(Ordering::Relaxed);
+        if local.begin(epoch) {
+            self.forget_frames(local, Some(epoch));
+        }
         if let Some(top) = local.pop() {
             let _section = section();
             let base = self.exit_frame(local, top, ret_addr, ctx);
@@ -283,31 +290,44 @@ impl<C: Send + Sync + 'static> Registry<C> {
             let Some(slot) = self.slots.get(slot_idx as usize) else {
                 continue;
             };
-            match entered {
-                Entered::Run(_) => {}
-                Entered::Recursion => {
-                    // SAFETY: `slot_idx` indexes `self.slots` (checked above),
-                    // and every thread's counters cover its length.
-                    unsafe { local.counters.bump(slot_idx, Counter::Recursion) };
-                    continue;
-                }
-                // Ignored since the entry: the call's exits are skipped.
-                Entered::Ignored => continue,
-            }
             // Acquire: pairs with the Release state store of
             // `register_with_cookies`; the probe pointer is visible.
             if slot.state.load(Ordering::Acquire) >> 1 != generation {
-                continue; // unregistered since the entry
+                // Unregistered since the entry: its counts are gone with it
+                // (an `Unrun` here would land on the slot's next probe).
+                continue;
+            }
+            let unrun = || {
+                // SAFETY: `slot_idx` indexes `self.slots` (checked above),
+                // and every thread's counters cover its length (so for the
+                // bumps below).
+                unsafe { local.counters.bump(slot_idx, Counter::Unrun) }
+            };
+            match entered {
+                Entered::Run(_) => {}
+                Entered::Recursion => {
+                    // SAFETY: as above.
+                    unsafe { local.counters.bump(slot_idx, Counter::Recursion) };
+                    unrun();
+                    continue;
+                }
+                // Ignored since the entry: the call's exits are skipped.
+                Entered::Ignored => {
+                    unrun();
+                    continue;
+                }
             }
             // Relaxed: ordered by the Acquire above.
             let fp = slot.probe.load(Ordering::Relaxed);
             // SAFETY: the generation matched inside our read section, so
             // `unregister` has not passed its grace period, and it frees the
             // probe only after it: the probe lives until we leave the section.
-            let Some(fp) = (unsafe { fp.as_ref() }) else {
+            let fp = unsafe { fp.as_ref() };
+            // A kept entry always has its probe and exit handler.
+            let Some((fp, exit)) = fp.and_then(|fp| Some((fp, fp.exit.as_ref()?))) else {
+                unrun();
                 continue;
             };
-            let Some(exit) = &fp.exit else { continue };
             // SAFETY: the data words of this return entry, below `top`
             // (which covers them until `release`), written by the entry.
             let data = unsafe { local.data(data_at, fp.data_size.min(dw * 8)) };
@@ -318,15 +338,47 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 ctx,
                 data,
             };
-            let which = match catch_unwind(AssertUnwindSafe(|| exit(&xc))) {
-                Ok(()) => Counter::Exits,
-                Err(_) => Counter::Panics,
-            };
-            // SAFETY: as for the recursion count above.
-            unsafe { local.counters.bump(slot_idx, which) };
+            match catch_unwind(AssertUnwindSafe(|| exit(&xc))) {
+                // SAFETY: as above.
+                Ok(()) => unsafe { local.counters.bump(slot_idx, Counter::Exits) },
+                Err(_) => {
+                    // SAFETY: as above.
+                    unsafe { local.counters.bump(slot_idx, Counter::Panics) };
+                    unrun();
+                }
+            }
         }
         drop(entered);
         p
+    }
+
+    /// Empties a stack of an older pairing epoch (or one adopted from an
+    /// exited thread, `epoch == None`): its kept return entries end as
+    /// `Unrun`, so that `in_flight` counts only calls that can still
+    /// return.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn forget_frames(&self, local: &ShadowStack, epoch: Option<u64>) {
+        {
+            // The generation check and the count inside one section: an
+            // `unregister` that changes the generation waits for it, so the
+            // count never lands on the slot's next probe.
+            let _section = rcu::read_lock();
+            local.each_return_entry(|slot_idx, generation| {
+                let Some(slot) = self.slots.get(slot_idx as usize) else {
+                    return;
+                };
+                // Acquire: as in `exit_frame`.
+                if slot.state.load(Ordering::Acquire) >> 1 == generation {
+                    // SAFETY: `slot_idx` indexes `self.slots` (checked).
+                    unsafe { local.counters.bump(slot_idx, Counter::Unrun) };
+                }
+            });
+        }
+        match epoch {
+            Some(epoch) => local.forget(epoch),
+            None => local.adopt(),
+        }
     }
 }
 

@@ -46,6 +46,10 @@
 //! * When `unregister` returns no handler of the probe is running or will
 //!   run. It never waits for a thread parked between entry and exit (that
 //!   call's exit handler is skipped), so it cannot hang on one.
+//! * [`drain`](Registry::drain) stops a probe's entries and waits, up to a
+//!   timeout, until the calls in flight have returned through its exit
+//!   handler ([`ProbeStats::in_flight`] reaches 0): drained, then
+//!   unregistered, a probe has run one exit for every entry that kept one.
 //!
 //! # Execution context
 //!
@@ -54,6 +58,7 @@
 //! | [`on_entry`](Registry::on_entry), [`on_exit`](Registry::on_exit) | never | a thread's first dispatch through a registry only (its state; [`prepare_thread`](Registry::prepare_thread) does it ahead) | yes, once the thread's state exists |
 //! | [`register`](Registry::register) | briefly (registry mutex, index stripes) | yes | no |
 //! | [`unregister`](Registry::unregister) | yes: a grace period | no | no |
+//! | [`drain`](Registry::drain) | yes: a grace period, then until the calls in flight return or the timeout | no | no |
 //! | [`enable`](Registry::enable), [`disable`](Registry::disable), [`stats`](Registry::stats) | briefly (registry mutex) | no | no |
 //! | [`reset_pairing`](Registry::reset_pairing) | never | no | yes |
 //!

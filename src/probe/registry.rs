@@ -486,6 +486,85 @@ impl<C: Send + Sync + 'static> Registry<C> {
         self.set_enabled(h, false)
     }
 
+    /// Stops the probe's entries (it is disabled, as by
+    /// [`disable`](Self::disable)) and waits until every call in flight
+    /// that entered it on another thread has returned through its exit
+    /// handler, or until `timeout` has passed. Returns how many such calls
+    /// are still in flight then: 0 when the probe is drained. For closing a
+    /// session with every entry paired with its exit: drain, then
+    /// [`unregister`](Self::unregister) (which, alone, skips the exits of
+    /// calls still in flight).
+    ///
+    /// Not waited for, and not counted: calls in flight on the calling
+    /// thread itself (they return after this does). A thread parked inside
+    /// a probed call, or one that exited inside one (until its index is
+    /// reused), holds the drain until the timeout. The probe stays
+    /// disabled; [`enable`](Self::enable) resumes it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] for an unregistered handle.
+    ///
+    /// # Panics
+    ///
+    /// Inside an RCU read-side section (or a handler) of the calling thread.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use fprobe::probe::{Fprobe, Registry};
+    ///
+    /// let registry = Registry::<()>::builder().build().unwrap();
+    /// let h = registry.register(Fprobe::builder().exit(|_| {}).build(), &[0x1000]).unwrap();
+    /// std::thread::scope(|s| {
+    ///     s.spawn(|| {
+    ///         registry.on_entry(0x1000, 0x500, &());
+    ///         std::thread::sleep(Duration::from_millis(10));
+    ///         registry.on_exit(0x500, &());
+    ///     });
+    /// });
+    /// assert_eq!(registry.drain(h, Duration::from_secs(10)).unwrap(), 0);
+    /// assert_eq!(registry.stats(h).unwrap().exits, 1);
+    /// registry.unregister(h).unwrap();
+    /// ```
+    pub fn drain(&self, h: ProbeHandle, timeout: std::time::Duration) -> Result<u64, Error> {
+        use std::time::{Duration, Instant};
+        assert!(
+            !rcu::in_read_section(),
+            "Registry::drain called inside an RCU read-side section or a handler"
+        );
+        let start = Instant::now();
+        self.disable(h)?;
+        // Every entry that saw the probe enabled ran inside a read section
+        // and bumped `Kept` there: after a grace period all of them show
+        // in the sums, and no new one comes.
+        rcu::synchronize();
+        let mut pause = Duration::from_micros(10);
+        loop {
+            let left = self.in_flight_elsewhere(h)?;
+            let waited = start.elapsed();
+            if left == 0 || waited >= timeout {
+                return Ok(left);
+            }
+            std::thread::sleep(pause.min(timeout - waited));
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    /// The probe's calls in flight on other threads than this one: the
+    /// sum over threads less this thread's own kept return entries.
+    fn in_flight_elsewhere(&self, h: ProbeHandle) -> Result<u64, Error> {
+        let total = self.stats(h)?.in_flight;
+        let mut own = 0;
+        if let Some(local) = self.locals.get() {
+            local.each_return_entry(|slot, generation| {
+                own += u64::from(slot == h.slot && generation == h.generation);
+            });
+        }
+        Ok(total.saturating_sub(own))
+    }
+
     /// The probe's counters, summed over threads.
     ///
     /// # Errors
@@ -544,7 +623,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let epoch = self.epoch.load(Ordering::Relaxed);
         self.locals.get_or(
             || ShadowStack::new(self.stack_words, self.slots.len(), epoch),
-            ShadowStack::adopt,
+            // Frames of the exited thread end as unrun.
+            |s| self.forget_frames(s, None),
         )
     }
 }

@@ -105,18 +105,53 @@ impl ShadowStack {
         self.active.set(0);
     }
 
-    /// Starts a dispatch. A stack of an older pairing epoch is emptied
-    /// first, unless another dispatch of this registry is running on the
-    /// thread (its frame is being built or read: the next outermost
+    /// Starts a dispatch. Returns whether the stack belongs to an older
+    /// pairing epoch and must be emptied first ([`forget`](Self::forget)),
+    /// which is never while another dispatch of this registry is running
+    /// on the thread (its frame is being built or read: the next outermost
     /// dispatch empties it).
     #[inline(always)]
-    pub(super) fn begin(&self, epoch: u64) {
+    pub(super) fn begin(&self, epoch: u64) -> bool {
         let active = self.active.get();
         self.active.set(active + 1);
-        if self.epoch.get() != epoch && active == 0 {
-            self.top.set(0);
-            self.overflow.set(0);
-            self.epoch.set(epoch);
+        self.epoch.get() != epoch && active == 0
+    }
+
+    /// Empties the stack into pairing epoch `epoch` (after
+    /// [`begin`](Self::begin) said so).
+    pub(super) fn forget(&self, epoch: u64) {
+        self.top.set(0);
+        self.overflow.set(0);
+        self.epoch.set(epoch);
+    }
+
+    /// Calls `f(slot, generation)` for every return entry on the stack,
+    /// newest first. Stops at a frame that does not parse (only the frames
+    /// of a thread that exited inside a dispatch could be torn).
+    pub(super) fn each_return_entry(&self, mut f: impl FnMut(u32, u64)) {
+        let mut t = self.top.get().min(self.cap);
+        while t > 0 {
+            let n = self.read(t - 1);
+            if n == 0 {
+                t -= 1;
+                continue;
+            }
+            let Some(mut p) = t.checked_sub(2) else {
+                return;
+            };
+            for _ in 0..n {
+                let Some(below) = p.checked_sub(3) else {
+                    return;
+                };
+                let meta = self.read(p - 1);
+                let generation = self.read(p - 2);
+                let Some(next) = below.checked_sub((meta >> 32) as usize) else {
+                    return;
+                };
+                f(meta as u32, generation);
+                p = next;
+            }
+            t = p;
         }
     }
 

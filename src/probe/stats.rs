@@ -47,22 +47,40 @@ pub struct ProbeStats {
     pub missed: Missed,
     /// Handler calls that panicked (caught).
     pub panics: u64,
+    /// Calls in flight: their entry ran the probe and kept its exit, and
+    /// they have not returned yet (nor been forgotten by
+    /// [`reset_pairing`](super::Registry::reset_pairing)). Once the probe
+    /// stops taking entries (disabled, or its functions no longer called)
+    /// this only falls, to 0 when every such call has returned;
+    /// [`Registry::drain`](super::Registry::drain) waits for that.
+    pub in_flight: u64,
 }
 
-/// Which counter of a probe slot. `Hits` comes first: [`Counters::add_to`]
-/// relies on it.
+/// Which counter of a probe slot. A call bumps them in order of its life:
+/// `Hits`, then `Kept` at its entry, then the exit side's at its return.
+/// [`Counters::add_to`] loads them from last to first and relies on that
+/// order.
 #[derive(Clone, Copy)]
 pub(super) enum Counter {
+    /// The entry ran the probe.
     Hits,
+    /// The entry kept a return entry for the probe's exit handler.
+    Kept,
+    /// A kept exit handler ran and returned.
     Exits,
     Recursion,
     Depth,
     Disabled,
     Panics,
+    /// A kept return entry that ran no exit handler to completion (it
+    /// panicked, was refused as recursion, the thread was ignored, or the
+    /// frame was forgotten). Each kept entry ends in exactly one of
+    /// `Exits` and `Unrun` while its probe stays registered.
+    Unrun,
 }
 
-/// Counters per probe slot.
-pub(super) const NCOUNTERS: usize = 6;
+/// Counters per probe slot (64 bytes: one line per slot and thread).
+pub(super) const NCOUNTERS: usize = 8;
 
 /// A sum of one slot's counters.
 pub(super) type Sums = [u64; NCOUNTERS];
@@ -80,8 +98,17 @@ impl ProbeStats {
                 disabled: c(Counter::Disabled),
             },
             panics: c(Counter::Panics),
+            in_flight: pending(now).saturating_sub(pending(base)),
         }
     }
+}
+
+/// Kept return entries not yet ended, in one sum of counters (loaded by
+/// [`Counters::add_to`] so that it is never negative per thread).
+fn pending(s: &Sums) -> u64 {
+    s[Counter::Kept as usize]
+        .saturating_sub(s[Counter::Exits as usize])
+        .saturating_sub(s[Counter::Unrun as usize])
 }
 
 /// One thread's counters for every slot of a registry.

@@ -360,13 +360,7 @@ fn run(libs: &Libs, funcs: &[Func], h: Handlers, mode: Mode, threads: usize, row
             let t1 = Instant::now();
             fprobe_patch::detach(a).expect("detach");
             out.detach = t1.elapsed();
-            out.probe = Some(fprobe_stats {
-                hits: st.hits,
-                exits: st.exits,
-                missed_recursion: st.missed.recursion,
-                missed_depth: st.missed.depth,
-                missed_disabled: st.missed.disabled,
-            });
+            out.probe = Some(fprobe_stats::from(st));
             out.stats = prof::take_totals();
         }
     }

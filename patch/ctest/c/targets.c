@@ -8,6 +8,9 @@
 
 T int pt_add(int a, int b) { return a + b; }
 
+/* Calls back: a call that stays open as long as the callback runs. */
+T long pt_call(long (*f)(long), long x) { return f(x) + 1; }
+
 T double pt_fadd(double a, double b) { return a + b; }
 
 T long pt_sum6(long a, long b, long c, long d, long e, long f) {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use fprobe::probe::{EntryAction, Fprobe};
-use fprobe_patch::{Error, Layout, Regs, attach, detach};
+use fprobe_patch::{Error, Layout, Regs, attach, detach, detach_draining};
 use fprobe_patch_ctest::*;
 
 /// The runtime is process-wide: tests attach one at a time.
@@ -539,4 +539,55 @@ fn a_stripped_object_lists_each_function_once_and_never_misplaces_a_site() {
     assert_eq!(n.load(Ordering::Relaxed), 1);
     // SAFETY: nothing of the object runs.
     assert_eq!(unsafe { libc::dlclose(h) }, 0);
+}
+
+/// A detach that drains waits for a call in flight to return and runs its
+/// exit; on a timeout it says how many calls were left, and their exits
+/// are skipped.
+#[test]
+fn detach_draining_runs_the_exits_of_calls_in_flight() {
+    use std::sync::Barrier;
+    use std::time::Duration;
+    let _s = serial();
+    static ENTERED: Barrier = Barrier::new(2);
+    static RELEASE: Barrier = Barrier::new(2);
+    extern "C" fn parked(x: std::ffi::c_long) -> std::ffi::c_long {
+        ENTERED.wait();
+        RELEASE.wait();
+        std::thread::sleep(Duration::from_millis(20));
+        x * 2
+    }
+    for wait in [Duration::from_secs(60), Duration::from_millis(20)] {
+        let (entries, exits) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (e2, x2) = (entries.clone(), exits.clone());
+        let probe = Fprobe::<Regs>::builder()
+            .entry(move |_| {
+                e2.fetch_add(1, Ordering::Relaxed);
+                EntryAction::Continue
+            })
+            .exit(move |x| {
+                assert_eq!(x.ctx.ret(), 43, "the exit sees the return value");
+                x2.fetch_add(1, Ordering::Relaxed);
+            })
+            .build();
+        let a = attach(probe, &[addr("pt_call")]).unwrap();
+        let worker = std::thread::spawn(|| unsafe { pt_call(parked, 21) });
+        ENTERED.wait();
+        let left = if wait > Duration::from_secs(1) {
+            RELEASE.wait();
+            detach_draining(a, wait).unwrap()
+        } else {
+            let left = detach_draining(a, wait).unwrap();
+            RELEASE.wait();
+            left
+        };
+        assert_eq!(worker.join().unwrap(), 43, "the call returns to its caller");
+        let ran = exits.load(Ordering::Relaxed);
+        if wait > Duration::from_secs(1) {
+            assert_eq!((left, entries.load(Ordering::Relaxed), ran), (0, 1, 1));
+        } else {
+            assert_eq!((left, entries.load(Ordering::Relaxed), ran), (1, 1, 0));
+        }
+        assert_eq!(&bytes(addr("pt_call"))[5..], &[0x90, 0x90]);
+    }
 }
