@@ -219,6 +219,7 @@ fn signal_storm_keeps_pairing_and_data_on_both_sides() {
     assert_eq!(t_good, calls * 2, "exits of the thread that did not run");
     assert_eq!((t_stats.hits, t_stats.exits), (calls * 2, calls * 2));
     assert_eq!(t_stats.missed, Default::default());
+    assert_eq!(t_stats.in_flight, 0, "every kept exit of the thread ended");
     // (b) The signal handler's calls.
     for k in 0..2 {
         assert_eq!(c_entries[k], sig_calls, "entries of C's probe {k}");
@@ -229,6 +230,10 @@ fn signal_storm_keeps_pairing_and_data_on_both_sides() {
             "a signal handler's call refused as recursion"
         );
         assert_eq!((c_stats[k].hits, c_stats[k].exits), (sig_calls, sig_calls));
+        assert_eq!(
+            c_stats[k].in_flight, 0,
+            "every kept exit of C's probe {k} ended"
+        );
     }
     // (c) The storm was one.
     assert!(

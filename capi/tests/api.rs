@@ -343,3 +343,60 @@ fn runtime_never_left_attached_to_a_destroyed_registry() {
         assert_eq!(unsafe { fprobe_registry_destroy(fresh) }, FPROBE_OK);
     }
 }
+
+/// `fprobe_drain` waits for a call in flight on another thread and runs
+/// its exit; with no wait it reports the call left and the caller's own
+/// open call is not counted; `in_flight` follows.
+#[test]
+fn drain_waits_for_calls_in_flight() {
+    // SAFETY: valid arguments; the registry outlives the scoped thread.
+    unsafe {
+        let r = new_registry();
+        let c = counts();
+        let p = probe_for(&c);
+        let mut h = 0;
+        assert_eq!(
+            fprobe_register(r, &p, [0x1000u64].as_ptr(), null(), 1, &mut h),
+            FPROBE_OK
+        );
+        let shared = Shared(r);
+        let (entered, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        let (e, rl) = (&entered, &release);
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                let r = shared;
+                assert_eq!(fprobe_on_entry(r.0, 0x1000, 7, null_mut()), FPROBE_OK);
+                e.wait();
+                rl.wait();
+                assert_eq!(fprobe_on_exit(r.0, 7, null_mut()), FPROBE_OK);
+            });
+            entered.wait();
+            // The caller's own open call is not waited for.
+            assert_eq!(fprobe_on_entry(r, 0x1000, 7, null_mut()), FPROBE_OK);
+            let mut st = fprobe_stats::default();
+            assert_eq!(fprobe_probe_stats(r, h, &mut st), FPROBE_OK);
+            assert_eq!(st.in_flight, 2);
+            let mut left = 9;
+            assert_eq!(fprobe_drain(r, h, 0, &mut left), FPROBE_OK);
+            assert_eq!(left, 1, "the other thread's call");
+            release.wait();
+            assert_eq!(fprobe_drain(r, h, 60_000, &mut left), FPROBE_OK);
+            assert_eq!(left, 0);
+            assert_eq!(c.exits.load(Ordering::Relaxed), 1, "its exit ran");
+            assert_eq!(fprobe_on_exit(r, 7, null_mut()), FPROBE_OK);
+            assert_eq!(fprobe_probe_stats(r, h, &mut st), FPROBE_OK);
+            assert_eq!((st.exits, st.in_flight), (2, 0));
+        });
+        assert_eq!(
+            fprobe_drain(r, h, 0, null_mut()),
+            FPROBE_OK,
+            "left_out may be NULL"
+        );
+        assert_eq!(fprobe_unregister(r, h), FPROBE_OK);
+        assert_eq!(fprobe_drain(r, h, 0, null_mut()), FPROBE_E_NOT_FOUND);
+        assert_eq!(fprobe_drain(null_mut(), h, 0, null_mut()), FPROBE_E_NULL);
+        assert_eq!(fprobe_registry_destroy(r), FPROBE_OK);
+        assert_eq!(fprobe_barrier(), FPROBE_OK);
+        assert_eq!(c.released.load(Ordering::Relaxed), 1);
+    }
+}

@@ -93,3 +93,42 @@ fn c_handlers_attached_at_run_time_see_arguments_and_return_values() {
     let why = unsafe { std::ffi::CStr::from_ptr(fprobe_strerror(FPROBE_E_NOT_PATCHABLE)) };
     assert!(why.to_str().unwrap().contains("patchable"));
 }
+
+static D_EXITS: AtomicU64 = AtomicU64::new(0);
+
+unsafe extern "C" fn count_exit(_user: *mut c_void, _ctx: *const fprobe_exit_ctx) {
+    D_EXITS.fetch_add(1, Ordering::Relaxed);
+}
+
+#[test]
+fn detach_draining_through_the_c_abi() {
+    let probe = fprobe_probe {
+        entry: None,
+        exit: Some(count_exit),
+        release: None,
+        user: std::ptr::null_mut(),
+        data_size: 0,
+    };
+    let f = addr("pt_fadd");
+    let mut h = 0;
+    // SAFETY: one function, no cookies; a writable handle.
+    assert_eq!(
+        unsafe { fprobe_patch_attach(&probe, &f, std::ptr::null(), 1, &mut h) },
+        FPROBE_OK
+    );
+    // SAFETY: a plain C function.
+    assert_eq!(unsafe { pt_fadd(1.5, 2.0) }, 3.5);
+    let mut left = 9;
+    // SAFETY: a writable out.
+    assert_eq!(
+        unsafe { fprobe_patch_detach_draining(h, 1000, &mut left) },
+        FPROBE_OK
+    );
+    assert_eq!((left, D_EXITS.load(Ordering::Relaxed)), (0, 1));
+    // SAFETY: NULL is allowed.
+    let rc = unsafe { fprobe_patch_detach_draining(h, 0, std::ptr::null_mut()) };
+    assert_eq!(rc, FPROBE_E_NOT_FOUND);
+    // SAFETY: as above.
+    assert_eq!(unsafe { pt_fadd(1.0, 1.0) }, 2.0);
+    assert_eq!(D_EXITS.load(Ordering::Relaxed), 1, "detached");
+}
