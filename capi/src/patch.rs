@@ -100,6 +100,14 @@ pub unsafe extern "C" fn fprobe_patch_attach(
     })
 }
 
+/// Takes the attached probe `handle` names out of the table, for detaching.
+fn take(handle: u64) -> Result<Attached, c_int> {
+    let mut t = ATTACHED.lock().unwrap_or_else(|p| p.into_inner());
+    t.1.as_mut()
+        .and_then(|m| m.remove(&handle))
+        .ok_or(FPROBE_E_NOT_FOUND)
+}
+
 /// Detaches the probe `handle` names: when this returns none of its
 /// handlers runs or will run (one grace period), and functions no other
 /// attached probe uses run their entry nops again. The release callback
@@ -107,15 +115,7 @@ pub unsafe extern "C" fn fprobe_patch_attach(
 /// detached handle, [`FPROBE_E_OS`]. Thread-safe; not from a handler.
 #[unsafe(no_mangle)]
 pub extern "C" fn fprobe_patch_detach(handle: u64) -> c_int {
-    ffi(|| {
-        let a = {
-            let mut t = ATTACHED.lock().unwrap_or_else(|p| p.into_inner());
-            t.1.as_mut()
-                .and_then(|m| m.remove(&handle))
-                .ok_or(FPROBE_E_NOT_FOUND)?
-        };
-        fprobe_patch::detach(a).map_err(patch_code)
-    })
+    ffi(|| fprobe_patch::detach(take(handle)?).map_err(patch_code))
 }
 
 /// Detaches the probe `handle` names as [`fprobe_patch_detach`] does,
@@ -135,14 +135,8 @@ pub unsafe extern "C" fn fprobe_patch_detach_draining(
     left_out: *mut u64,
 ) -> c_int {
     ffi(|| {
-        let a = {
-            let mut t = ATTACHED.lock().unwrap_or_else(|p| p.into_inner());
-            t.1.as_mut()
-                .and_then(|m| m.remove(&handle))
-                .ok_or(FPROBE_E_NOT_FOUND)?
-        };
-        let left = fprobe_patch::detach_draining(a, std::time::Duration::from_millis(timeout_ms))
-            .map_err(patch_code)?;
+        let timeout = std::time::Duration::from_millis(timeout_ms);
+        let left = fprobe_patch::detach_draining(take(handle)?, timeout).map_err(patch_code)?;
         if !left_out.is_null() {
             // SAFETY: non-null, writable by the contract.
             unsafe { *left_out = left };
