@@ -241,10 +241,11 @@ int fprobe_unregister(struct fprobe_registry *r, uint64_t handle);
 
 // Disables the probe (as [`fprobe_disable`]) and waits until every call
 // in flight that entered it on another thread has returned through its
-// exit handler, or until `timeout_ms` milliseconds have passed; writes
-// how many were still in flight to `*left_out` (0: drained) unless it is
-// NULL. Calls in flight on the calling thread are not waited for. Drain
-// and then [`fprobe_unregister`] to run one exit for every entry.
+// exit handler (or had it refused, counted), or until `timeout_ms`
+// milliseconds have passed; writes how many were still in flight to
+// `*left_out` (0: drained) unless it is NULL. Calls in flight on the
+// calling thread are not waited for. Drain and then [`fprobe_unregister`]
+// so that the calls in flight get their exits instead of skipping them.
 //
 // Returns as [`fprobe_unregister`]. Thread-safe; blocks for a grace
 // period and then up to the timeout.
@@ -385,15 +386,17 @@ int fprobe_patch_attach(const struct fprobe_probe *probe,
 // handlers runs or will run (one grace period), and functions no other
 // attached probe uses run their entry nops again. The release callback
 // runs afterwards. Returns [`FPROBE_E_NOT_FOUND`] for an unknown or
-// detached handle, [`FPROBE_E_OS`]. Thread-safe; not from a handler.
+// detached handle, [`FPROBE_E_OS`], and [`FPROBE_E_BUSY`] (nothing
+// changes) from a handler. Thread-safe.
 int fprobe_patch_detach(uint64_t handle);
 
 // Detaches the probe `handle` names as [`fprobe_patch_detach`] does,
 // after waiting up to `timeout_ms` milliseconds for the calls in flight
 // on other threads to return through its exit handler; writes how many
-// were still in flight then (their exits skipped; 0: every entry got its
-// exit) to `*left_out` unless it is NULL. Returns as
-// [`fprobe_patch_detach`]. Thread-safe; not from a handler.
+// were still in flight then (their exits skipped; 0: none) to
+// `*left_out` unless it is NULL. Returns as [`fprobe_patch_detach`].
+// Thread-safe; from a handler it returns [`FPROBE_E_BUSY`] and changes
+// nothing.
 //
 // # Safety
 //

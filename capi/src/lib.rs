@@ -691,10 +691,11 @@ pub unsafe extern "C" fn fprobe_unregister(r: *mut fprobe_registry, handle: u64)
 
 /// Disables the probe (as [`fprobe_disable`]) and waits until every call
 /// in flight that entered it on another thread has returned through its
-/// exit handler, or until `timeout_ms` milliseconds have passed; writes
-/// how many were still in flight to `*left_out` (0: drained) unless it is
-/// NULL. Calls in flight on the calling thread are not waited for. Drain
-/// and then [`fprobe_unregister`] to run one exit for every entry.
+/// exit handler (or had it refused, counted), or until `timeout_ms`
+/// milliseconds have passed; writes how many were still in flight to
+/// `*left_out` (0: drained) unless it is NULL. Calls in flight on the
+/// calling thread are not waited for. Drain and then [`fprobe_unregister`]
+/// so that the calls in flight get their exits instead of skipping them.
 ///
 /// Returns as [`fprobe_unregister`]. Thread-safe; blocks for a grace
 /// period and then up to the timeout.

@@ -16,8 +16,8 @@ use std::sync::Mutex;
 use fprobe_patch::{Attached, Error, Regs};
 
 use crate::{
-    EnginePtr, FPROBE_E_CAPACITY, FPROBE_E_NOT_FOUND, FPROBE_E_NOT_PATCHABLE, FPROBE_E_NULL,
-    FPROBE_E_OS, c_attach_args, c_probe, code, ffi, fprobe_probe, fprobe_stats,
+    EnginePtr, FPROBE_E_BUSY, FPROBE_E_CAPACITY, FPROBE_E_NOT_FOUND, FPROBE_E_NOT_PATCHABLE,
+    FPROBE_E_NULL, FPROBE_E_OS, c_attach_args, c_probe, code, ffi, fprobe_probe, fprobe_stats,
 };
 
 /// A patched call's saved registers, what a handler's `engine_ctx`
@@ -112,18 +112,23 @@ fn take(handle: u64) -> Result<Attached, c_int> {
 /// handlers runs or will run (one grace period), and functions no other
 /// attached probe uses run their entry nops again. The release callback
 /// runs afterwards. Returns [`FPROBE_E_NOT_FOUND`] for an unknown or
-/// detached handle, [`FPROBE_E_OS`]. Thread-safe; not from a handler.
+/// detached handle, [`FPROBE_E_OS`], and [`FPROBE_E_BUSY`] (nothing
+/// changes) from a handler. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn fprobe_patch_detach(handle: u64) -> c_int {
+    if fprobe::rcu::in_read_section() {
+        return FPROBE_E_BUSY;
+    }
     ffi(|| fprobe_patch::detach(take(handle)?).map_err(patch_code))
 }
 
 /// Detaches the probe `handle` names as [`fprobe_patch_detach`] does,
 /// after waiting up to `timeout_ms` milliseconds for the calls in flight
 /// on other threads to return through its exit handler; writes how many
-/// were still in flight then (their exits skipped; 0: every entry got its
-/// exit) to `*left_out` unless it is NULL. Returns as
-/// [`fprobe_patch_detach`]. Thread-safe; not from a handler.
+/// were still in flight then (their exits skipped; 0: none) to
+/// `*left_out` unless it is NULL. Returns as [`fprobe_patch_detach`].
+/// Thread-safe; from a handler it returns [`FPROBE_E_BUSY`] and changes
+/// nothing.
 ///
 /// # Safety
 ///
@@ -134,6 +139,9 @@ pub unsafe extern "C" fn fprobe_patch_detach_draining(
     timeout_ms: u64,
     left_out: *mut u64,
 ) -> c_int {
+    if fprobe::rcu::in_read_section() {
+        return FPROBE_E_BUSY;
+    }
     ffi(|| {
         let timeout = std::time::Duration::from_millis(timeout_ms);
         let left = fprobe_patch::detach_draining(take(handle)?, timeout).map_err(patch_code)?;

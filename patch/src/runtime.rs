@@ -375,7 +375,8 @@ pub fn attach_with_cookies(
 /// `timeout` for the calls in flight on other threads to return through
 /// its exit handler ([`Registry::drain`]), then [`detach`]es it. Returns
 /// the calls that were still in flight at the timeout (their exits are
-/// skipped): 0 when every entry of the probe got its exit.
+/// skipped): 0 when every call of the probe in flight on another thread
+/// has returned.
 ///
 /// # Errors
 ///

@@ -384,8 +384,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
 
 /// Makes every registry skip probes on the calling thread (`true`) or not
 /// (`false`): for an engine's own threads. While ignored, the thread runs
-/// no handler, entry or exit, and counts nothing; frames are still kept,
-/// so entry/exit pairing survives toggling mid-call.
+/// no handler, entry or exit, and counts nothing (but the end of a call
+/// whose exit it skips, for [`ProbeStats::in_flight`](super::ProbeStats::in_flight));
+/// frames are still kept, so entry/exit pairing survives toggling mid-call.
 ///
 /// # Examples
 ///

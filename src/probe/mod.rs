@@ -47,9 +47,11 @@
 //!   run. It never waits for a thread parked between entry and exit (that
 //!   call's exit handler is skipped), so it cannot hang on one.
 //! * [`drain`](Registry::drain) stops a probe's entries and waits, up to a
-//!   timeout, until the calls in flight have returned through its exit
-//!   handler ([`ProbeStats::in_flight`] reaches 0): drained, then
-//!   unregistered, a probe has run one exit for every entry that kept one.
+//!   timeout, until its calls in flight on other threads have returned
+//!   ([`ProbeStats::in_flight`], less the caller's own, reaches 0): drained,
+//!   then unregistered, a probe has ended every call that kept its exit by
+//!   running the exit handler, unless the exit was refused (recursion, an
+//!   ignored thread, counted) or the call forgotten by a pairing reset.
 //!
 //! # Execution context
 //!

@@ -104,6 +104,10 @@ struct Book {
     /// stored by that thread only), so a probe's own counts are the sums
     /// minus this.
     base: Vec<Sums>,
+    /// Per slot: freed by a failed registration, which does not wait for
+    /// a grace period, so a dispatcher that saw its generation may still
+    /// count on the slot.
+    dirty: Vec<bool>,
 }
 
 /// A registry: owns the index and dispatches entry/exit events to probes.
@@ -273,6 +277,7 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
                 attached: vec![Vec::new(); self.max_probes],
                 free: (0..self.max_probes as u32).rev().collect(),
                 base: vec![[0; NCOUNTERS]; self.max_probes],
+                dirty: vec![false; self.max_probes],
             }),
             locals: PerThread::new(CacheSlot::Registry),
             stack_words,
@@ -347,9 +352,19 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let slot = book.free.pop().ok_or(Error::TooManyProbes {
             max_probes: self.slots.len(),
         })?;
+        if std::mem::take(&mut book.dirty[slot as usize]) && !rcu::in_read_section() {
+            // Let the dispatchers that saw the failed registration finish
+            // counting first (outside the mutex: a handler may be waiting
+            // for it). The slot is ours meanwhile: it is off the free list.
+            drop(book);
+            rcu::synchronize();
+            book = self.book();
+        }
         // No thread counts for a free slot (the previous probe's
-        // `unregister` waited for every dispatch that could), so the sums
-        // are stable until the state store below publishes the slot.
+        // `unregister` waited for every dispatch that could; a failed
+        // registration's, the grace period above, unless this runs inside
+        // a read section), so the sums are stable until the state store
+        // below publishes the slot.
         book.base[slot as usize] = self.sum(slot);
         let s = &self.slots[slot as usize];
         let generation = ((s.state.load(Ordering::Relaxed) >> 1) | 1) + 2;
@@ -392,6 +407,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 // out of the slot, so it is retired once, and `Fprobe<C>`
                 // may be dropped on another thread.
                 unsafe { rcu::retire_box_raw(p) };
+                book.dirty[slot as usize] = true;
                 book.free.push(slot);
                 Err(e.error)
             }
@@ -488,18 +504,23 @@ impl<C: Send + Sync + 'static> Registry<C> {
 
     /// Stops the probe's entries (it is disabled, as by
     /// [`disable`](Self::disable)) and waits until every call in flight
-    /// that entered it on another thread has returned through its exit
-    /// handler, or until `timeout` has passed. Returns how many such calls
-    /// are still in flight then: 0 when the probe is drained. For closing a
-    /// session with every entry paired with its exit: drain, then
+    /// that entered it on another thread has returned (its exit handler
+    /// ran, or was refused as recursion or for an ignored thread), or until
+    /// `timeout` has passed. Returns how many such calls are still in
+    /// flight then: 0 when the probe is drained. For closing a session with
+    /// every entry paired with its exit: drain, then
     /// [`unregister`](Self::unregister) (which, alone, skips the exits of
     /// calls still in flight).
     ///
     /// Not waited for, and not counted: calls in flight on the calling
-    /// thread itself (they return after this does). A thread parked inside
-    /// a probed call, or one that exited inside one (until its index is
-    /// reused), holds the drain until the timeout. The probe stays
-    /// disabled; [`enable`](Self::enable) resumes it.
+    /// thread itself (they return after this does, and after an
+    /// `unregister` their exits are skipped). A thread parked inside a
+    /// probed call, one that exited inside one (until a thread given its
+    /// index dispatches through this registry), or one that has not
+    /// dispatched since a [`reset_pairing`](Self::reset_pairing) holds the
+    /// drain until the timeout. The probe stays disabled;
+    /// [`enable`](Self::enable) resumes it (and, during a drain, makes it
+    /// time out).
     ///
     /// # Errors
     ///
@@ -558,9 +579,18 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let total = self.stats(h)?.in_flight;
         let mut own = 0;
         if let Some(local) = self.locals.get() {
+            // Inside a dispatch's `begin`/`end`, as the walk's reads need: a
+            // signal handler's dispatch meanwhile then neither forgets the
+            // frames nor writes below `top`.
+            // Relaxed: see `reset_pairing`.
+            let epoch = self.epoch.load(Ordering::Relaxed);
+            if local.begin(epoch) {
+                self.forget_frames(local, Some(epoch));
+            }
             local.each_return_entry(|slot, generation| {
                 own += u64::from(slot == h.slot && generation == h.generation);
             });
+            local.end();
         }
         Ok(total.saturating_sub(own))
     }

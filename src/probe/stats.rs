@@ -48,8 +48,9 @@ pub struct ProbeStats {
     /// Handler calls that panicked (caught).
     pub panics: u64,
     /// Calls in flight: their entry ran the probe and kept its exit, and
-    /// they have not returned yet (nor been forgotten by
-    /// [`reset_pairing`](super::Registry::reset_pairing)). Once the probe
+    /// they have not returned yet (nor been forgotten after
+    /// [`reset_pairing`](super::Registry::reset_pairing), which happens at
+    /// each thread's next dispatch). Once the probe
     /// stops taking entries (disabled, or its functions no longer called)
     /// this only falls, to 0 when every such call has returned;
     /// [`Registry::drain`](super::Registry::drain) waits for that.
@@ -79,7 +80,7 @@ pub(super) enum Counter {
     Unrun,
 }
 
-/// Counters per probe slot (64 bytes: one line per slot and thread).
+/// Counters per probe slot (64 bytes per slot and thread).
 pub(super) const NCOUNTERS: usize = 8;
 
 /// A sum of one slot's counters.

@@ -132,3 +132,45 @@ fn detach_draining_through_the_c_abi() {
     assert_eq!(unsafe { pt_fadd(1.0, 1.0) }, 2.0);
     assert_eq!(D_EXITS.load(Ordering::Relaxed), 1, "detached");
 }
+
+static BUSY_HANDLE: AtomicU64 = AtomicU64::new(0);
+static BUSY_RC: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(1);
+
+unsafe extern "C" fn detaching_entry(_user: *mut c_void, _ctx: *mut fprobe_entry_ctx) -> i32 {
+    let h = BUSY_HANDLE.load(Ordering::Relaxed);
+    // SAFETY: NULL is allowed for the count.
+    let rc = unsafe { fprobe_patch_detach_draining(h, 0, std::ptr::null_mut()) };
+    BUSY_RC.store(rc, Ordering::Relaxed);
+    0
+}
+
+#[test]
+fn detaching_from_a_handler_is_refused_and_changes_nothing() {
+    let probe = fprobe_probe {
+        entry: Some(detaching_entry),
+        exit: None,
+        release: None,
+        user: std::ptr::null_mut(),
+        data_size: 0,
+    };
+    let f = addr("pt_sum6");
+    let mut h = 0;
+    // SAFETY: one function, no cookies; a writable handle.
+    assert_eq!(
+        unsafe { fprobe_patch_attach(&probe, &f, std::ptr::null(), 1, &mut h) },
+        FPROBE_OK
+    );
+    BUSY_HANDLE.store(h, Ordering::Relaxed);
+    // SAFETY: a plain C function.
+    assert_eq!(unsafe { pt_sum6(1, 1, 1, 1, 1, 1) }, 21);
+    assert_eq!(BUSY_RC.load(Ordering::Relaxed), FPROBE_E_BUSY);
+    let mut st = fprobe_stats::default();
+    // SAFETY: a writable out.
+    assert_eq!(
+        unsafe { fprobe_patch_stats(h, &mut st) },
+        FPROBE_OK,
+        "still attached"
+    );
+    assert_eq!(st.hits, 1);
+    assert_eq!(fprobe_patch_detach(h), FPROBE_OK);
+}
