@@ -256,23 +256,55 @@ fn attach_and_detach_while_two_threads_call_flat_out() {
         .collect();
     let fs = [addr("pt_loop"), addr("pt_add")];
     let windows = if cfg!(debug_assertions) { 50 } else { 300 };
-    for _ in 0..windows {
+    // A failed check stops the workers first, so that they do not go on
+    // calling into the next tests' probes.
+    let check = |ok: bool, what: String| {
+        if !ok {
+            stop.store(true, Ordering::Relaxed);
+            panic!("{what}");
+        }
+    };
+    for w in 0..windows {
+        let (entries, exits) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (e2, x2) = (entries.clone(), exits.clone());
         let probe = Fprobe::<Regs>::builder()
             .data_size(8)
-            .entry(|e| {
+            .entry(move |e| {
                 e.data.copy_from_slice(&e.addr.to_ne_bytes());
+                e2.fetch_add(1, Ordering::Relaxed);
                 EntryAction::Continue
             })
-            .exit(|x| assert_eq!(x.data, x.addr.to_ne_bytes()))
+            .exit(move |x| {
+                if x.data == x.addr.to_ne_bytes() {
+                    x2.fetch_add(1, Ordering::Relaxed);
+                }
+            })
             .build();
         let a = attach(probe, &fs).unwrap();
         std::thread::sleep(std::time::Duration::from_micros(200));
-        let st = a.stats();
-        detach(a).unwrap();
-        // Calls in flight when the window closed have no exit: at most
-        // one per worker per function.
-        assert!(st.exits <= st.hits && st.hits - st.exits <= 4 + 4, "{st:?}");
-        assert_eq!(st.panics, 0);
+        // Every other window drains: then every entry has its exit.
+        let drain = w % 2 == 1;
+        if drain {
+            let left = detach_draining(a, std::time::Duration::from_secs(60)).unwrap();
+            check(
+                left == 0,
+                format!("window {w}: {left} calls left in flight"),
+            );
+        } else {
+            detach(a).unwrap();
+        }
+        // No handler runs after detach: the counts are final.
+        let (e, x) = (
+            entries.load(Ordering::Relaxed),
+            exits.load(Ordering::Relaxed),
+        );
+        // Without a drain, the calls in flight at the detach have no exit:
+        // at most one per worker per function.
+        let open = if drain { 0 } else { 2 * 2 };
+        check(
+            x <= e && e - x <= open,
+            format!("window {w}: {e} entries, {x} exits with their data, drained: {drain}"),
+        );
     }
     stop.store(true, Ordering::Relaxed);
     for w in workers {
@@ -471,7 +503,8 @@ fn a_library_unloaded_while_attached_and_loaded_again_is_a_new_copy() {
     let _s = serial();
     let (n1, n2) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let (h, mul) = load_dl();
-    let old = attach(counting(&n1), &[mul as *const () as u64]).unwrap();
+    let old_f = mul as *const () as u64;
+    let old = attach(counting(&n1), &[old_f]).unwrap();
     assert_eq!(unsafe { mul(2, 2) }, 4);
     // SAFETY: nothing of the object runs.
     assert_eq!(unsafe { libc::dlclose(h) }, 0);
@@ -487,10 +520,13 @@ fn a_library_unloaded_while_attached_and_loaded_again_is_a_new_copy() {
     detach(new).unwrap();
     assert_eq!(&bytes(f)[5..], &[0x90, 0x90]);
     // Probes are keyed by address: until detached, the old probe also
-    // sees the new copy's calls (mul(3, 3) here).
+    // sees the new copy's calls (mul(3, 3) here) when the copy was loaded
+    // at the same place (usual, but not under every allocator: not always
+    // under AddressSanitizer).
+    let old_saw = if f == old_f { 2 } else { 1 };
     assert_eq!(
         (n1.load(Ordering::Relaxed), n2.load(Ordering::Relaxed)),
-        (2, 2)
+        (old_saw, 2)
     );
     // SAFETY: as above.
     assert_eq!(unsafe { libc::dlclose(h) }, 0);
