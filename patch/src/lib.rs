@@ -55,7 +55,13 @@
 //! keep values in some across the call when its compiler knows the callee
 //! leaves them alone), the SysV argument registers (`rdi rsi rdx rcx r8
 //! r9`, `rax` for variadic calls, `r10`, `xmm0`–`xmm7`) into a [`Regs`],
-//! which the handlers see as their context, and calls
+//! which the handlers see as their context. A function that makes a call
+//! its compiler cannot see into (through the PLT or a pointer, itself or
+//! through functions of its object it calls) clobbers every caller-saved
+//! register as far as its callers know, so its trampolines keep only the
+//! argument registers at entry and the return registers at exit, found by
+//! decoding the object's functions when its stubs are made
+//! ([`register_save`] says which a function got). Then it calls
 //! [`fprobe::probe::Registry::on_entry_for_exit`]. When that keeps a frame
 //! (some probe has an exit handler to run), the caller's return address
 //! is pushed on the thread's **return stack** with the address of its
@@ -66,7 +72,7 @@
 //! trampoline's, as the kernel's fgraph and uftrace do, costs a
 //! mispredicted return per call: 7 ns of 58 in the SQLite profile). The
 //! stub then calls the exit trampoline, which saves every caller-saved
-//! register again (the return value in `rax rdx xmm0 xmm1`), runs the
+//! register again, or only the return value's `rax rdx xmm0 xmm1`, runs the
 //! probe layer's exit and puts the caller's return address back in its
 //! slot, and the stub returns there.
 //!
@@ -160,6 +166,7 @@
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 compile_error!("fprobe-patch patches x86-64 code on Linux only");
 
+mod clobber;
 mod error;
 mod regs;
 mod runtime;
@@ -171,7 +178,8 @@ mod tramp;
 pub use error::Error;
 pub use regs::Regs;
 pub use runtime::{
-    Attached, attach, attach_with_cookies, detach, detach_draining, missed, registry,
+    Attached, RegisterSave, attach, attach_with_cookies, detach, detach_draining, missed,
+    register_save, registry,
 };
 pub use sites::{Layout, Site, sites};
 pub use tramp::{RETURN_DEPTH, prepare_thread};

@@ -15,7 +15,7 @@ use fprobe::probe::{Fprobe, ProbeHandle, ProbeStats, Registry};
 
 use crate::sites::{self, Layout, Module};
 use crate::text::{self, ENTRY_JMP, ENTRY_NOPS, PREFIX_NOPS};
-use crate::{Error, Regs, stubs, tramp};
+use crate::{Error, Regs, clobber, stubs, tramp};
 
 /// The runtime's registry: every probe [`attach`] registers lives here.
 /// Use it for [`Registry::stats`], [`Registry::enable`] and
@@ -81,6 +81,8 @@ struct Known {
     layout: Layout,
     /// Its stub, once its module's stubs are made.
     stub: Option<u64>,
+    /// What its stub's trampolines save (set with the stub).
+    save: Option<RegisterSave>,
     /// Attached probes using it.
     users: u32,
     /// Tells this loaded copy of the function from one of an object loaded
@@ -209,6 +211,7 @@ impl State {
                     site: s.site,
                     layout: s.layout,
                     stub: None,
+                    save: None,
                     users: 0,
                     copy: self.copies,
                 };
@@ -231,12 +234,50 @@ impl State {
         }
         fs.sort_unstable();
         let module = &self.modules[m];
-        let made = stubs::make(&module.path, module.code, &fs, tramp::trampolines())?;
-        for (f, s) in fs.into_iter().zip(made) {
-            self.functions.get_mut(&f).expect("listed above").stub = Some(s);
+        // Which functions need only their argument and return registers
+        // kept: decided once, from their code, before any can be patched.
+        let lean = clobber::clobbers_all(&module.text, module.code);
+        let with: Vec<(u64, bool)> = fs.iter().map(|f| (*f, lean.contains(f))).collect();
+        let made = stubs::make(&module.path, module.code, &with, tramp::trampolines())?;
+        for ((f, lean), s) in with.into_iter().zip(made) {
+            let k = self.functions.get_mut(&f).expect("listed above");
+            k.stub = Some(s);
+            k.save = Some(if lean {
+                RegisterSave::ArgumentsOnly
+            } else {
+                RegisterSave::All
+            });
         }
         Ok(())
     }
+}
+
+/// What the trampolines of a patched function save around the probe
+/// layer's entry and exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegisterSave {
+    /// Every caller-saved register: a caller may keep values in those the
+    /// function leaves alone.
+    All,
+    /// The argument registers at entry and the return registers at exit:
+    /// the function makes a call its compiler cannot see into (through the
+    /// PLT or a pointer, itself or through functions of its object it
+    /// calls), so no caller keeps a value in a caller-saved register across
+    /// it. About 60 instructions less per call.
+    ArgumentsOnly,
+}
+
+/// What the trampolines of `function` save, once it has been attached
+/// (its stub is made at its first attach and kept); `None` before.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(fprobe_patch::register_save(0x1000), None);
+/// ```
+pub fn register_save(function: u64) -> Option<RegisterSave> {
+    let st = state().lock().unwrap_or_else(|p| p.into_inner());
+    st.functions.get(&function).and_then(|k| k.save)
 }
 
 fn state() -> &'static Mutex<State> {

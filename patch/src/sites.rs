@@ -9,6 +9,7 @@ use std::sync::Arc;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use crate::Error;
+use crate::clobber::Code;
 
 /// How a function's patchable nops are laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +51,9 @@ pub(crate) struct Module {
     pub(crate) code: (u64, u64),
     /// Its `PT_LOAD` segments: start, end, `PROT_*` flags.
     pub(crate) segments: Vec<(u64, u64, i32)>,
+    /// Its functions and PLT sections, for the trampolines' register save
+    /// (`clobber.rs`).
+    pub(crate) text: Arc<Code>,
 }
 
 impl Module {
@@ -114,6 +118,7 @@ pub(crate) fn modules() -> Result<Vec<(Module, Vec<Site>)>, Error> {
             path: path.into(),
             code,
             segments,
+            text: Arc::new(text_of(&file, bias)),
         };
         let sites = module_sites(&m, &file, bias)?;
         out.push((m, sites));
@@ -197,6 +202,30 @@ unsafe extern "C" fn collect(
     }
     raw.push((name, info.dlpi_addr, phdrs));
     0
+}
+
+/// The functions (sized text symbols) and PLT sections of `file`, at
+/// their loaded addresses.
+fn text_of(file: &object::File<'_>, bias: u64) -> Code {
+    let mut code = Code::default();
+    for sym in file.symbols().chain(file.dynamic_symbols()) {
+        if sym.kind() == SymbolKind::Text && sym.address() != 0 && sym.size() > 0 {
+            // Aliases of one address: the shortest extent (a scan that
+            // reads less can only mark less).
+            let size = code
+                .functions
+                .entry(sym.address() + bias)
+                .or_insert(u64::MAX);
+            *size = (*size).min(sym.size());
+        }
+    }
+    for section in file.sections() {
+        if matches!(section.name(), Ok(".plt" | ".plt.sec" | ".plt.got")) {
+            let start = section.address() + bias;
+            code.plt.push((start, start + section.size()));
+        }
+    }
+    code
 }
 
 /// The sites of module `m`, loaded with `bias`, from its parsed `file`.

@@ -1,9 +1,12 @@
 //! Per-site stubs, in pages mapped near their module so that a site's
 //! `jmp rel32` reaches its stub and the stub's `jmp rel32` reaches back.
 //!
-//! A page starts with the entry and exit trampolines' addresses (for the
-//! stubs' `call [rip + disp]`); then one [`STUB`]-byte stub per site. The
-//! site's prefix jumps to `stub + 8`:
+//! A page starts with the trampolines' addresses (for the stubs' `call
+//! [rip + disp]`): entry and exit saving every caller-saved register, then
+//! entry and exit saving only the argument and return registers, which a
+//! function's stub calls instead when the function clobbers every
+//! call-clobbered register anyway (`clobber.rs`); then one [`STUB`]-byte
+//! stub per site. The site's prefix jumps to `stub + 8`:
 //!
 //! ```text
 //!       <f: 8 bytes>                   the function, read by the entry trampoline
@@ -30,7 +33,7 @@
 //! The stub changes no register: a caller may keep values in registers
 //! its compiler knows the callee leaves alone (GCC's interprocedural
 //! register allocation, for a callee whose patchable entry comes from an
-//! attribute rather than the command line), so the trampolines save
+//! attribute rather than the command line), so the full trampolines save
 //! every caller-saved register and the stubs pass what they need through
 //! memory. The entry trampoline reads the function from the stub's first
 //! 8 bytes (14 before its return address) and leaves its answer 24 bytes
@@ -47,33 +50,36 @@ use crate::text::jmp_rel32;
 
 /// Bytes per stub.
 pub(crate) const STUB: u64 = 48;
-/// Bytes before the first stub (the trampoline's address, padded).
-const HEADER: u64 = 16;
+/// Bytes before the first stub (the four trampolines' addresses).
+const HEADER: u64 = 32;
 const PAGE: u64 = 4096;
 /// How far from its module a stub page may be (kept under rel32's 2 GiB
 /// with room for the module's own size).
 const REACH: u64 = 1 << 30;
 
 /// Maps stubs for `functions` (all in one module whose code spans
-/// `code`), each calling the `entry` and `exit` trampolines and running
-/// its function from + 2. Returns each function's stub address, in order.
+/// `code`), each calling the trampolines (`[entry, exit, entry_args,
+/// exit_ret]`: the last two for a function marked `true`) and running its
+/// function from + 2. Returns each function's stub address, in order.
 pub(crate) fn make(
     module: &str,
     code: (u64, u64),
-    functions: &[u64],
-    (entry, exit): (u64, u64),
+    functions: &[(u64, bool)],
+    trampolines: [u64; 4],
 ) -> Result<Vec<u64>, Error> {
     let len = (HEADER + STUB * functions.len() as u64).div_ceil(PAGE) * PAGE;
     let base = map_near(code, len).ok_or_else(|| Error::OutOfReach {
         module: module.to_string(),
     })?;
     let mut bytes = vec![0xccu8; len as usize];
-    bytes[..8].copy_from_slice(&entry.to_le_bytes());
-    bytes[8..16].copy_from_slice(&exit.to_le_bytes());
+    for (i, t) in trampolines.iter().enumerate() {
+        bytes[8 * i..][..8].copy_from_slice(&t.to_le_bytes());
+    }
     let mut out = Vec::with_capacity(functions.len());
-    for (i, &f) in functions.iter().enumerate() {
+    for (i, &(f, lean)) in functions.iter().enumerate() {
         let at = base + HEADER + STUB * i as u64;
-        let Some(b) = stub(at, f, base, base + 8) else {
+        let slots = if lean { base + 16 } else { base };
+        let Some(b) = stub(at, f, slots, slots + 8) else {
             // SAFETY: our own fresh mapping, nothing uses it yet.
             unsafe { libc::munmap(base as *mut libc::c_void, len as usize) };
             return Err(Error::OutOfReach {

@@ -190,22 +190,29 @@ fn fatal(msg: &[u8]) -> ! {
     std::process::abort()
 }
 
-/// The entry and exit trampolines' addresses (the stubs call them).
-pub(crate) fn trampolines() -> (u64, u64) {
-    (
+/// The entry and exit trampolines' addresses (the stubs call them): those
+/// that save every caller-saved register, then those that save only the
+/// argument (entry) and return (exit) registers, for functions that
+/// clobber every call-clobbered register anyway (`clobber.rs`).
+pub(crate) fn trampolines() -> [u64; 4] {
+    [
         fprobe_patch_entry as *const () as u64,
         fprobe_patch_exit as *const () as u64,
-    )
+        fprobe_patch_entry_args as *const () as u64,
+        fprobe_patch_exit_ret as *const () as u64,
+    ]
 }
 
 unsafe extern "C" {
     fn fprobe_patch_entry();
     fn fprobe_patch_exit();
+    fn fprobe_patch_entry_args();
+    fn fprobe_patch_exit_ret();
 }
 
-// Both trampolines save every caller-saved register (the stub's callers
-// may keep values in any of them across the call, see `stubs.rs`): a
-// 336-byte frame, rsp rounded down to 16 first (GCC calls static
+// Both full trampolines save every caller-saved register (the stub's
+// callers may keep values in any of them across the call, see
+// `clobber.rs`): a 336-byte frame, rsp rounded down to 16 first (GCC calls static
 // functions that need no alignment with whatever rsp it has,
 // `-fipa-stack-alignment`; rbp keeps the entry rsp). Offsets: `Regs::gp`
 // at 0 (rdi rsi rdx rcx r8 r9 rax r10), `Regs::xmm` at 64 (xmm0–7), then
@@ -279,49 +286,120 @@ std::arch::global_asm!(
     "movaps xmm14, [rsp + 304]",
     "movaps xmm15, [rsp + 320]",
     ".endm",
-    ".globl fprobe_patch_entry",
-    ".type fprobe_patch_entry,@function",
-    ".p2align 4",
-    "fprobe_patch_entry:",
-    // Reached by `call [..]`: a landing pad for indirect-branch tracking.
+    // The argument registers only, what `Regs` holds, and the return
+    // registers only (`clobber.rs` says when these are enough).
+    ".macro fprobe_patch_save_args",
+    "mov [rsp + 0], rdi",
+    "mov [rsp + 8], rsi",
+    "mov [rsp + 16], rdx",
+    "mov [rsp + 24], rcx",
+    "mov [rsp + 32], r8",
+    "mov [rsp + 40], r9",
+    "mov [rsp + 48], rax",
+    "mov [rsp + 56], r10",
+    "movaps [rsp + 64], xmm0",
+    "movaps [rsp + 80], xmm1",
+    "movaps [rsp + 96], xmm2",
+    "movaps [rsp + 112], xmm3",
+    "movaps [rsp + 128], xmm4",
+    "movaps [rsp + 144], xmm5",
+    "movaps [rsp + 160], xmm6",
+    "movaps [rsp + 176], xmm7",
+    ".endm",
+    ".macro fprobe_patch_restore_args",
+    "mov rdi, [rsp + 0]",
+    "mov rsi, [rsp + 8]",
+    "mov rdx, [rsp + 16]",
+    "mov rcx, [rsp + 24]",
+    "mov r8, [rsp + 32]",
+    "mov r9, [rsp + 40]",
+    "mov rax, [rsp + 48]",
+    "mov r10, [rsp + 56]",
+    "movaps xmm0, [rsp + 64]",
+    "movaps xmm1, [rsp + 80]",
+    "movaps xmm2, [rsp + 96]",
+    "movaps xmm3, [rsp + 112]",
+    "movaps xmm4, [rsp + 128]",
+    "movaps xmm5, [rsp + 144]",
+    "movaps xmm6, [rsp + 160]",
+    "movaps xmm7, [rsp + 176]",
+    ".endm",
+    ".macro fprobe_patch_save_ret",
+    "mov [rsp + 16], rdx",
+    "mov [rsp + 48], rax",
+    "movaps [rsp + 64], xmm0",
+    "movaps [rsp + 80], xmm1",
+    ".endm",
+    ".macro fprobe_patch_restore_ret",
+    "mov rdx, [rsp + 16]",
+    "mov rax, [rsp + 48]",
+    "movaps xmm0, [rsp + 64]",
+    "movaps xmm1, [rsp + 80]",
+    ".endm",
+    // The entry trampoline's body with a save and restore macro.
+    ".macro fprobe_patch_entry_body save, restore",
     "endbr64",
     "push rbp",
     "mov rbp, rsp",
     "sub rsp, 16",
     "and rsp, -16",
     "sub rsp, 336",
-    "fprobe_patch_save",
+    "\\save",
     "mov rdi, [rbp + 8]",
     "mov rdi, [rdi - 14]",
     "lea rsi, [rbp + 16]",
     "mov rdx, rsp",
     "call {on_entry}",
     "mov [rbp - 8], rax",
-    "fprobe_patch_restore",
+    "\\restore",
     "mov rsp, rbp",
     "pop rbp",
     "ret",
+    ".endm",
+    ".macro fprobe_patch_exit_body save, restore",
+    "endbr64",
+    "push rbp",
+    "mov rbp, rsp",
+    "and rsp, -16",
+    "sub rsp, 336",
+    "\\save",
+    "mov rdi, rsp",
+    "lea rsi, [rbp + 24]",
+    "call {on_exit}",
+    "mov [rbp + 16], rax",
+    "\\restore",
+    "mov rsp, rbp",
+    "pop rbp",
+    "ret",
+    ".endm",
+    ".globl fprobe_patch_entry",
+    ".type fprobe_patch_entry,@function",
+    ".p2align 4",
+    "fprobe_patch_entry:",
+    // Reached by `call [..]`: a landing pad for indirect-branch tracking.
+    "fprobe_patch_entry_body fprobe_patch_save, fprobe_patch_restore",
     ".size fprobe_patch_entry, . - fprobe_patch_entry",
     "",
     ".globl fprobe_patch_exit",
     ".type fprobe_patch_exit,@function",
     ".p2align 4",
     "fprobe_patch_exit:",
-    "endbr64",
-    "push rbp",
-    "mov rbp, rsp",
-    "and rsp, -16",
-    "sub rsp, 336",
-    "fprobe_patch_save",
-    "mov rdi, rsp",
-    "lea rsi, [rbp + 24]",
-    "call {on_exit}",
-    "mov [rbp + 16], rax",
-    "fprobe_patch_restore",
-    "mov rsp, rbp",
-    "pop rbp",
-    "ret",
+    "fprobe_patch_exit_body fprobe_patch_save, fprobe_patch_restore",
     ".size fprobe_patch_exit, . - fprobe_patch_exit",
+    "",
+    ".globl fprobe_patch_entry_args",
+    ".type fprobe_patch_entry_args,@function",
+    ".p2align 4",
+    "fprobe_patch_entry_args:",
+    "fprobe_patch_entry_body fprobe_patch_save_args, fprobe_patch_restore_args",
+    ".size fprobe_patch_entry_args, . - fprobe_patch_entry_args",
+    "",
+    ".globl fprobe_patch_exit_ret",
+    ".type fprobe_patch_exit_ret,@function",
+    ".p2align 4",
+    "fprobe_patch_exit_ret:",
+    "fprobe_patch_exit_body fprobe_patch_save_ret, fprobe_patch_restore_ret",
+    ".size fprobe_patch_exit_ret, . - fprobe_patch_exit_ret",
     ".popsection",
     on_entry = sym on_entry,
     on_exit = sym on_exit,

@@ -89,7 +89,7 @@
 //! adds a read-side section, the guard, and per kept handler three stack
 //! reads, the state load and the call. With every line in cache that is
 //! about 220 instructions for an entry + exit pair without exit handler and
-//! 370 with one (`examples/dispatch_cost.rs` under callgrind), of which the
+//! 365 with one (`examples/dispatch_cost.rs` under callgrind), of which the
 //! lookup and its read-side section take about 60. A lock-free exit and
 //! per-thread everything make dispatch scale with threads where a locked
 //! table collapses; at one thread the locked table's shorter path is

@@ -126,8 +126,9 @@ impl ShadowStack {
     }
 
     /// Calls `f(slot, generation)` for every return entry on the stack,
-    /// newest first. Stops at a frame that does not parse (only the frames
-    /// of a thread that exited inside a dispatch could be torn).
+    /// newest first. Stops at a frame that does not parse. Only the stack
+    /// of a thread that exited inside a dispatch can hold a torn frame;
+    /// its stale words may also parse, and then be counted.
     pub(super) fn each_return_entry(&self, mut f: impl FnMut(u32, u64)) {
         let mut t = self.top.get().min(self.cap);
         while t > 0 {

@@ -10,6 +10,7 @@ T int pt_add(int a, int b) { return a + b; }
 
 /* Calls back: a call that stays open as long as the callback runs. */
 T long pt_call(long (*f)(long), long x) { return f(x) + 1; }
+T double pt_fcall(double (*f)(double), double x) { return f(x) * 2.0; }
 
 T double pt_fadd(double a, double b) { return a + b; }
 

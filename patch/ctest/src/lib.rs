@@ -17,6 +17,7 @@ unsafe extern "C" {
     pub static mut pt_fib_calls: c_long;
     pub fn pt_add(a: c_int, b: c_int) -> c_int;
     pub fn pt_call(f: extern "C" fn(c_long) -> c_long, x: c_long) -> c_long;
+    pub fn pt_fcall(f: extern "C" fn(c_double) -> c_double, x: c_double) -> c_double;
     pub fn pt_fadd(a: c_double, b: c_double) -> c_double;
     pub fn pt_sum6(a: c_long, b: c_long, c: c_long, d: c_long, e: c_long, f: c_long) -> c_long;
     pub fn pt_pair(a: c_long) -> Pair;
@@ -36,6 +37,7 @@ pub fn addr(name: &str) -> u64 {
     let f: *const () = match name {
         "pt_add" => pt_add as *const (),
         "pt_call" => pt_call as *const (),
+        "pt_fcall" => pt_fcall as *const (),
         "pt_fadd" => pt_fadd as *const (),
         "pt_sum6" => pt_sum6 as *const (),
         "pt_pair" => pt_pair as *const (),
