@@ -19,22 +19,34 @@
 //! such a function the entry trampoline needs to keep only what the
 //! function reads (the argument registers, `rax` for a variadic call and
 //! `r10`), and the exit trampoline only the return registers (`rax rdx
-//! xmm0 xmm1`). This is a property of the function's own code, so it
-//! holds whatever the callers' compilers did.
+//! xmm0 xmm1`).
+//!
+//! That holds for functions of the SysV calling convention whose every
+//! call instruction is a call to the compiler. It fails for a function of
+//! another convention (`ms_abi`, whose callers expect `rsi rdi` and
+//! `xmm6`–`xmm15` kept; `preserve_most`, `no_caller_saved_registers`), and
+//! for call instructions the compiler emits as text it does not count as
+//! calls (`-pg`'s `mcount`). Nothing in the binary tells these apart, so
+//! the runtime uses this only when asked to
+//! ([`allow_argument_only_saves`](crate::allow_argument_only_saves)).
 //!
 //! The scan decodes each function of the object from its symbol's address
 //! over its symbol's size. A direct `call` or `jmp` into a PLT section, and
 //! an indirect `call`, mark a function; a direct `call`, or a `jmp` out of
 //! the function, to another function's start links the two; a function
-//! linked to a marked one is marked. Everything else marks nothing: an
-//! indirect `jmp` (a jump table or a tail call, which the scan cannot tell
-//! apart), a call to a function without a symbol, a body that does not
-//! decode. So an error in the scan can only leave a function with the
-//! full save.
+//! linked to a marked one is marked. Marking nothing: an indirect `jmp` (a
+//! jump table or a tail call, which the scan cannot tell apart), a call to
+//! a function without a symbol, and `call [rax]`, the form of a TLS
+//! descriptor call (`-mtls-dialect=gnu2`), which preserves every register
+//! but `rax` and which compilers do not count as a call (a C++ virtual
+//! call through slot 0 has the same form and is missed too, which only
+//! costs speed). The scan stops at the first instruction that does not
+//! decode; one decoded from bytes that are not code could mark a function
+//! wrongly (compilers put no data in functions' text).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind};
+use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 
 /// Functions of one loaded object (`start → size`, loaded addresses) and
 /// its PLT sections (`start, end`), read from its file.
@@ -77,7 +89,7 @@ pub(crate) fn clobbers_all(code: &Code, mapped: (u64, u64)) -> HashSet<u64> {
                 OpKind::NearBranch64 | OpKind::NearBranch32 | OpKind::NearBranch16
             );
             match ins.mnemonic() {
-                Mnemonic::Call if !direct => {
+                Mnemonic::Call if !direct && !is_tls_descriptor_call(&ins) => {
                     marked.insert(f);
                 }
                 Mnemonic::Call | Mnemonic::Jmp if direct => {
@@ -103,4 +115,68 @@ pub(crate) fn clobbers_all(code: &Code, mapped: (u64, u64)) -> HashSet<u64> {
         }
     }
     marked
+}
+
+/// `call [rax]`: how a TLS descriptor is called (module docs).
+fn is_tls_descriptor_call(ins: &Instruction) -> bool {
+    ins.op0_kind() == OpKind::Memory
+        && ins.memory_base() == Register::RAX
+        && ins.memory_index() == Register::None
+        && ins.memory_displacement64() == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_calls_out_and_their_callers_only() {
+        // Functions laid out back to back in one buffer (read, never run):
+        // f0: call rax; ret          an indirect call: marked
+        // f1: call [rax]; ret        a TLS descriptor call: not marked
+        // f2: call f0; ret           calls a marked function: marked
+        // f3: call f1; ret           not marked
+        // f4: jmp plt                a tail call into the PLT: marked
+        // f5: lea rax, [rax+1]; ret  a leaf: not marked
+        // f6: call f5; jmp f4        a tail call to a marked one: marked
+        // then 16 bytes standing for the PLT.
+        let bodies: [&[u8]; 8] = [
+            &[0xff, 0xd0, 0xc3],
+            &[0xff, 0x10, 0xc3],
+            &[0xe8, 0, 0, 0, 0, 0xc3],
+            &[0xe8, 0, 0, 0, 0, 0xc3],
+            &[0xe9, 0, 0, 0, 0],
+            &[0x48, 0x8d, 0x40, 0x01, 0xc3],
+            &[0xe8, 0, 0, 0, 0, 0xe9, 0, 0, 0, 0],
+            &[0xcc; 16],
+        ];
+        let mut buf: Vec<u8> = bodies.concat();
+        let mut off = vec![0usize];
+        for b in &bodies {
+            off.push(off.last().unwrap() + b.len());
+        }
+        // rel32 at byte `at` of the buffer, of an instruction ending at
+        // `end`, to function `to`.
+        let mut branch = |at: usize, end: usize, to: usize| {
+            let rel = (off[to] as i64 - end as i64) as i32;
+            buf[at..at + 4].copy_from_slice(&rel.to_le_bytes());
+        };
+        branch(off[2] + 1, off[2] + 5, 0);
+        branch(off[3] + 1, off[3] + 5, 1);
+        branch(off[4] + 1, off[4] + 5, 7);
+        branch(off[6] + 1, off[6] + 5, 5);
+        branch(off[6] + 6, off[6] + 10, 4);
+        let base = buf.as_ptr() as u64;
+        let addr = |i: usize| base + off[i] as u64;
+        let code = Code {
+            functions: (0..7).map(|i| (addr(i), bodies[i].len() as u64)).collect(),
+            plt: vec![(addr(7), addr(8))],
+        };
+        let marked = clobbers_all(&code, (addr(0), addr(8)));
+        let want = [true, false, true, false, true, false, true];
+        for (i, w) in want.iter().enumerate() {
+            assert_eq!(marked.contains(&addr(i)), *w, "function {i}");
+        }
+        drop(buf);
+    }
 }

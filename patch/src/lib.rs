@@ -58,10 +58,11 @@
 //! which the handlers see as their context. A function that makes a call
 //! its compiler cannot see into (through the PLT or a pointer, itself or
 //! through functions of its object it calls) clobbers every caller-saved
-//! register as far as its callers know, so its trampolines keep only the
-//! argument registers at entry and the return registers at exit, found by
-//! decoding the object's functions when its stubs are made
-//! ([`register_save`] says which a function got). Then it calls
+//! register as far as its callers know; with [`allow_argument_only_saves`]
+//! (for SysV code, see there) its trampolines keep only the argument
+//! registers at entry and the return registers at exit, found by decoding
+//! the object's functions when its stubs are made ([`register_save`] says
+//! which a function got). Then it calls
 //! [`fprobe::probe::Registry::on_entry_for_exit`]. When that keeps a frame
 //! (some probe has an exit handler to run), the caller's return address
 //! is pushed on the thread's **return stack** with the address of its
@@ -178,8 +179,8 @@ mod tramp;
 pub use error::Error;
 pub use regs::Regs;
 pub use runtime::{
-    Attached, RegisterSave, attach, attach_with_cookies, detach, detach_draining, missed,
-    register_save, registry,
+    Attached, RegisterSave, allow_argument_only_saves, attach, attach_with_cookies, detach,
+    detach_draining, missed, register_save, registry,
 };
 pub use sites::{Layout, Site, sites};
 pub use tramp::{RETURN_DEPTH, prepare_thread};

@@ -8,7 +8,7 @@
 //! use it; its entry is patched while that count is above zero.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use fprobe::probe::{Fprobe, ProbeHandle, ProbeStats, Registry};
@@ -236,7 +236,13 @@ impl State {
         let module = &self.modules[m];
         // Which functions need only their argument and return registers
         // kept: decided once, from their code, before any can be patched.
-        let lean = clobber::clobbers_all(&module.text, module.code);
+        // Relaxed: a setting read under the state mutex; a store racing
+        // with a first attach applies to it or to the next object.
+        let lean = if ARGUMENT_ONLY.load(Ordering::Relaxed) {
+            clobber::clobbers_all(&module.text, module.code)
+        } else {
+            Default::default()
+        };
         let with: Vec<(u64, bool)> = fs.iter().map(|f| (*f, lean.contains(f))).collect();
         let made = stubs::make(&module.path, module.code, &with, tramp::trampolines())?;
         for ((f, lean), s) in with.into_iter().zip(made) {
@@ -259,12 +265,42 @@ pub enum RegisterSave {
     /// Every caller-saved register: a caller may keep values in those the
     /// function leaves alone.
     All,
-    /// The argument registers at entry and the return registers at exit:
-    /// the function makes a call its compiler cannot see into (through the
-    /// PLT or a pointer, itself or through functions of its object it
-    /// calls), so no caller keeps a value in a caller-saved register across
-    /// it. About 60 instructions less per call.
+    /// The argument registers at entry and the return registers at exit,
+    /// with [`allow_argument_only_saves`]: the function makes a call its
+    /// compiler cannot see into (through the PLT or a pointer, itself or
+    /// through functions of its object it calls), so no caller keeps a
+    /// value in a caller-saved register across it. The trampolines take 67
+    /// instructions per call instead of 127.
     ArgumentsOnly,
+}
+
+/// Whether stubs made from now on may save only argument and return
+/// registers ([`allow_argument_only_saves`]).
+static ARGUMENT_ONLY: AtomicBool = AtomicBool::new(false);
+
+/// Lets the trampolines of functions that call out save only the argument
+/// registers at entry and the return registers at exit
+/// ([`RegisterSave::ArgumentsOnly`]), for objects whose stubs are made
+/// afterwards (at the first attach to one of their functions; a stub
+/// never changes). Off by default.
+///
+/// Sound for code of the SysV calling convention compiled without `-pg`
+/// or `-mfentry` (GCC and Clang, any optimisation, LTO included). Do not
+/// allow it for an object with functions of another convention
+/// (`__attribute__((ms_abi))`, whose callers expect `rsi rdi` and
+/// `xmm6`–`xmm15` kept; Clang's `preserve_most`, `preserve_all`;
+/// `no_caller_saved_registers`), or whose profiling calls the compiler
+/// does not count as calls: their callers would get registers back
+/// changed. Nothing in a binary tells such code apart.
+///
+/// # Examples
+///
+/// ```
+/// fprobe_patch::allow_argument_only_saves(true);
+/// ```
+pub fn allow_argument_only_saves(allow: bool) {
+    // Relaxed: see `stubs_for`.
+    ARGUMENT_ONLY.store(allow, Ordering::Relaxed);
 }
 
 /// What the trampolines of `function` save, once it has been attached

@@ -30,12 +30,14 @@
 //! return-stack predictor expects, where overwriting the return address
 //! would cost a mispredicted return per call.
 //!
-//! The stub changes no register: a caller may keep values in registers
-//! its compiler knows the callee leaves alone (GCC's interprocedural
-//! register allocation, for a callee whose patchable entry comes from an
-//! attribute rather than the command line), so the full trampolines save
+//! A stub with the full trampolines changes no register: a caller may keep
+//! values in registers its compiler knows the callee leaves alone (GCC's
+//! interprocedural register allocation, for a callee whose patchable entry
+//! comes from an attribute rather than the command line), so they save
 //! every caller-saved register and the stubs pass what they need through
-//! memory. The entry trampoline reads the function from the stub's first
+//! memory. One with the argument-only trampolines keeps the argument
+//! registers at entry and the return registers at exit, and may change the
+//! other caller-saved registers, which its function clobbers anyway. The entry trampoline reads the function from the stub's first
 //! 8 bytes (14 before its return address) and leaves its answer 24 bytes
 //! below the stub's stack pointer, in memory no signal frame can reach
 //! (signal delivery skips the 128-byte red zone below `rsp`). Only the

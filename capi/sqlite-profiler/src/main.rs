@@ -549,6 +549,10 @@ fn main() {
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let _ = HIT_CACHE.set((entries, std::ffi::c_int::from(percpu)));
+    // SQLite is plain SysV C built without -pg: functions that call out
+    // may keep only their argument and return registers (fprobe-patch's
+    // docs say when that holds).
+    fprobe_patch::allow_argument_only_saves(true);
     let handlers = if noop {
         Handlers {
             entry: Some(prof::noop_entry),

@@ -1,0 +1,78 @@
+//! The argument-only register save, allowed before anything is attached
+//! in this process (its own test binary: a stub never changes once made).
+
+use std::hint::black_box;
+use std::sync::{Arc, Mutex};
+
+use fprobe::probe::{EntryAction, Fprobe};
+use fprobe_patch::{RegisterSave, Regs, attach, detach, register_save};
+use fprobe_patch_ctest::*;
+
+/// With argument-only saves allowed, a function that calls out (through a
+/// pointer or the PLT) clobbers every call-clobbered register for its
+/// callers: its trampolines keep only the
+/// argument and return registers, and its arguments, return values and
+/// entry data still come through, integer and floating-point alike.
+/// Functions that call nothing, or only functions of their object that
+/// call nothing, keep the full save.
+#[test]
+fn functions_that_call_out_save_only_argument_and_return_registers() {
+    fprobe_patch::allow_argument_only_saves(true);
+    extern "C" fn inc(x: std::ffi::c_long) -> std::ffi::c_long {
+        x + 1
+    }
+    extern "C" fn half(x: f64) -> f64 {
+        x / 2.0
+    }
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    let probe = Fprobe::<Regs>::builder()
+        .data_size(16)
+        .entry(|e| {
+            e.data[..8].copy_from_slice(&e.ctx.arg(1).to_ne_bytes());
+            e.data[8..].copy_from_slice(&e.ctx.float_arg(0).to_ne_bytes());
+            EntryAction::Continue
+        })
+        .exit(move |x| {
+            let arg1 = u64::from_ne_bytes(x.data[..8].try_into().unwrap());
+            let farg0 = f64::from_ne_bytes(x.data[8..].try_into().unwrap());
+            s2.lock()
+                .unwrap()
+                .push((x.addr, arg1, farg0, x.ctx.ret(), x.ctx.float_ret()));
+        })
+        .build();
+    let lean = ["pt_call", "pt_fcall", "pt_jumper"];
+    let full = ["pt_add", "pt_ipa_leaf", "pt_loop", "pt_fib", "pt_mix"];
+    let fs: Vec<u64> = lean.iter().chain(&full).map(|n| addr(n)).collect();
+    let a = attach(probe, &fs).unwrap();
+    for n in lean {
+        assert_eq!(
+            register_save(addr(n)),
+            Some(RegisterSave::ArgumentsOnly),
+            "{n}"
+        );
+    }
+    for n in full {
+        assert_eq!(register_save(addr(n)), Some(RegisterSave::All), "{n}");
+    }
+    let r_call = unsafe { pt_call(inc, black_box(41)) };
+    let r_fcall = unsafe { pt_fcall(half, black_box(5.0)) };
+    let r_jump = unsafe { pt_jumper(black_box(3)) };
+    let r_mix = unsafe { pt_mix(black_box(2), 0.5, 3, 0.25) };
+    detach(a).unwrap();
+    assert_eq!((r_call, r_fcall, r_mix), (43, 5.0, 1.75));
+    assert_eq!(r_jump, unsafe { pt_jumper(3) }, "the same result unprobed");
+    let seen = seen.lock().unwrap();
+    let of = |n: &str| {
+        *seen
+            .iter()
+            .find(|s| s.0 == addr(n))
+            .unwrap_or_else(|| panic!("{n} not seen"))
+    };
+    let (_, arg1, _, ret, _) = of("pt_call");
+    assert_eq!((arg1, ret), (41, 43));
+    let (_, _, farg0, _, fret) = of("pt_fcall");
+    assert_eq!((farg0, fret), (5.0, 5.0));
+    let (_, _, farg0, _, fret) = of("pt_mix");
+    assert_eq!((farg0, fret), (0.5, 1.75));
+}
