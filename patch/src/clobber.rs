@@ -73,11 +73,13 @@ pub(crate) fn clobbers_all(code: &Code, mapped: (u64, u64)) -> HashSet<u64> {
         if size == 0 || f < mapped.0 || f.saturating_add(size) > mapped.1 {
             continue;
         }
-        // SAFETY: inside the object's executable segments (checked against
-        // `mapped`), which stay mapped while the object is loaded: the
-        // caller scans objects found loaded, under the runtime's mutex.
-        // Only the 7 bytes around a site change while we read, each store
-        // a whole instruction that decodes either way.
+        // SAFETY: inside the span of the object's executable segments
+        // (checked against `mapped`; a function symbol's extent lies in
+        // one of them), mapped readable while the object stays loaded: the
+        // caller scans an object found loaded, under the runtime's mutex,
+        // before any of its sites is patched, so nothing writes these
+        // bytes meanwhile. (The crate docs rule out unloading an object
+        // while an attach to one of its functions runs.)
         let body = unsafe { std::slice::from_raw_parts(f as *const u8, size as usize) };
         let mut decoder = Decoder::with_ip(64, body, f, DecoderOptions::NONE);
         for ins in &mut decoder {

@@ -133,7 +133,8 @@
 //!   frames are the child's own. Threads created after attach are probed
 //!   from their first call.
 //! * **`dlclose`** of a library with attached sites: detach first where you
-//!   can. A detach after the unload unregisters the probe and writes
+//!   can. Never unload an object while an attach to one of its functions
+//!   runs (the attach reads and patches its code). A detach after the unload unregisters the probe and writes
 //!   nothing where the library was (nor into an object loaded there since:
 //!   only bytes holding the runtime's own entry jump are restored). Its
 //!   stubs stay mapped, unreachable; an attach scans the loaded objects
