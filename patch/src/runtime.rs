@@ -137,7 +137,9 @@ impl ModulesPresent {
                 .collect()
         });
         let m = &st.modules[module];
-        now.iter().any(|(p, c)| same_module(m, p, *c))
+        // A module once found unloaded stays so: an object loaded again at
+        // the same place is another module (`rescan`).
+        st.loaded[module] && now.iter().any(|(p, c)| same_module(m, p, *c))
     }
 }
 
@@ -164,10 +166,14 @@ impl State {
     /// is forgotten, or kept as an orphan while attached probes count it.
     fn rescan(&mut self) -> Result<(), Error> {
         let now = sites::modules()?;
+        // A module found unloaded once is never present again: its
+        // functions were forgotten then, and an object loaded at the same
+        // place since is a new module with its own.
         let present: Vec<bool> = self
             .modules
             .iter()
-            .map(|k| now.iter().any(|(m, _)| same_module(k, &m.path, m.code)))
+            .zip(&self.loaded)
+            .map(|(k, &was)| was && now.iter().any(|(m, _)| same_module(k, &m.path, m.code)))
             .collect();
         // A present module is still the one known unless it was reloaded.
         self.loaded.clone_from(&present);
