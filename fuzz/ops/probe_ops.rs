@@ -77,7 +77,8 @@ pub enum Op {
     Recreate,
     /// `Registry::drain` with no wait: disables the probe; the test
     /// thread's own calls in flight are not waited for, and no other
-    /// thread has one, so it reports none left.
+    /// thread has one, so it reports none left (it forgets the test
+    /// thread's frames after a pairing reset, as a dispatch would).
     Drain(u8),
 }
 
@@ -608,6 +609,9 @@ pub fn run(data_size: usize, max_depth: usize, ops: &[Op]) {
                 if let Some(p) = m.live(*nth) {
                     assert_eq!(reg.drain(m.probes[p].handle, zero), Ok(0));
                     m.probes[p].enabled = false;
+                    // Drain reads the thread's own stack as a dispatch
+                    // does, emptying it first after a pairing reset.
+                    m.begin(&mut me);
                 } else if let Some(p) = m.dead(*nth) {
                     assert_eq!(reg.drain(m.probes[p].handle, zero), Err(Error::NotFound));
                 }

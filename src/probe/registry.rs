@@ -576,23 +576,25 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// The probe's calls in flight on other threads than this one: the
     /// sum over threads less this thread's own kept return entries.
     fn in_flight_elsewhere(&self, h: ProbeHandle) -> Result<u64, Error> {
-        let total = self.stats(h)?.in_flight;
-        let mut own = 0;
-        if let Some(local) = self.locals.get() {
-            // Inside a dispatch's `begin`/`end`, as the walk's reads need: a
-            // signal handler's dispatch meanwhile then neither forgets the
-            // frames nor writes below `top`.
-            // Relaxed: see `reset_pairing`.
-            let epoch = self.epoch.load(Ordering::Relaxed);
-            if local.begin(epoch) {
-                self.forget_frames(local, Some(epoch));
-            }
-            local.each_return_entry(|slot, generation| {
-                own += u64::from(slot == h.slot && generation == h.generation);
-            });
-            local.end();
+        let Some(local) = self.locals.get() else {
+            return Ok(self.stats(h)?.in_flight);
+        };
+        // Inside a dispatch's `begin`/`end`, as the walk's reads need: a
+        // signal handler's dispatch meanwhile then neither forgets the
+        // frames nor writes below `top`. Frames of an older pairing epoch
+        // are forgotten first (their `Unrun`s before the sum is read).
+        // Relaxed: see `reset_pairing`.
+        let epoch = self.epoch.load(Ordering::Relaxed);
+        if local.begin(epoch) {
+            self.forget_frames(local, Some(epoch));
         }
-        Ok(total.saturating_sub(own))
+        let total = self.stats(h).map(|s| s.in_flight);
+        let mut own = 0;
+        local.each_return_entry(|slot, generation| {
+            own += u64::from(slot == h.slot && generation == h.generation);
+        });
+        local.end();
+        Ok(total?.saturating_sub(own))
     }
 
     /// The probe's counters, summed over threads.
