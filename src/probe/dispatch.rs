@@ -90,11 +90,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let Some(local) = self.local() else {
             return false;
         };
-        // Relaxed: see `reset_pairing`.
-        let epoch = self.epoch.load(Ordering::Relaxed);
-        if local.begin(epoch) {
-            self.forget_frames(local, Some(epoch));
-        }
+        self.begin(local);
         let attached = self.index.get(addr, guard);
         // `Some(kept)` when the probes ran and `entry_frame` pushed the
         // call's frame (or marker); `None` when nothing ran.
@@ -259,11 +255,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     #[inline(always)]
     fn on_exit_with<G>(&self, ret_addr: u64, ctx: &C, section: impl FnOnce() -> G) {
         let Some(local) = self.local() else { return };
-        // Relaxed: see `reset_pairing`.
-        let epoch = self.epoch.load(Ordering::Relaxed);
-        if local.begin(epoch) {
-            self.forget_frames(local, Some(epoch));
-        }
+        self.begin(local);
         if let Some(top) = local.pop() {
             let _section = section();
             let base = self.exit_frame(local, top, ret_addr, ctx);
@@ -350,6 +342,17 @@ impl<C: Send + Sync + 'static> Registry<C> {
         }
         drop(entered);
         p
+    }
+
+    /// Starts a dispatch on `local` ([`ShadowStack::begin`]), emptying it
+    /// first when it belongs to an older pairing epoch.
+    #[inline(always)]
+    pub(super) fn begin(&self, local: &ShadowStack) {
+        // Relaxed: see `reset_pairing`.
+        let epoch = self.epoch.load(Ordering::Relaxed);
+        if local.begin(epoch) {
+            self.forget_frames(local, Some(epoch));
+        }
     }
 
     /// Empties a stack of an older pairing epoch (or one adopted from an

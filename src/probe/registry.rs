@@ -507,7 +507,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// that entered it on another thread has returned (its exit handler
     /// ran, or was refused as recursion or for an ignored thread), or until
     /// `timeout` has passed. Returns how many such calls are still in
-    /// flight then: 0 when the probe is drained. For closing a session with
+    /// flight then: 0 when the probe is drained. For ending a trace with
     /// every entry paired with its exit: drain, then
     /// [`unregister`](Self::unregister) (which, alone, skips the exits of
     /// calls still in flight).
@@ -583,11 +583,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // signal handler's dispatch meanwhile then neither forgets the
         // frames nor writes below `top`. Frames of an older pairing epoch
         // are forgotten first (their `Unrun`s before the sum is read).
-        // Relaxed: see `reset_pairing`.
-        let epoch = self.epoch.load(Ordering::Relaxed);
-        if local.begin(epoch) {
-            self.forget_frames(local, Some(epoch));
-        }
+        self.begin(local);
         let total = self.stats(h).map(|s| s.in_flight);
         let mut own = 0;
         local.each_return_entry(|slot, generation| {
