@@ -100,8 +100,13 @@ pub unsafe extern "C" fn fprobe_patch_attach(
     })
 }
 
-/// Takes the attached probe `handle` names out of the table, for detaching.
+/// Takes the attached probe `handle` names out of the table, for
+/// detaching; [`FPROBE_E_BUSY`] from a handler (detaching waits for
+/// handlers to finish), leaving it there.
 fn take(handle: u64) -> Result<Attached, c_int> {
+    if fprobe::rcu::in_read_section() {
+        return Err(FPROBE_E_BUSY);
+    }
     let mut t = ATTACHED.lock().unwrap_or_else(|p| p.into_inner());
     t.1.as_mut()
         .and_then(|m| m.remove(&handle))
@@ -116,9 +121,6 @@ fn take(handle: u64) -> Result<Attached, c_int> {
 /// changes) from a handler. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn fprobe_patch_detach(handle: u64) -> c_int {
-    if fprobe::rcu::in_read_section() {
-        return FPROBE_E_BUSY;
-    }
     ffi(|| fprobe_patch::detach(take(handle)?).map_err(patch_code))
 }
 
@@ -139,9 +141,6 @@ pub unsafe extern "C" fn fprobe_patch_detach_draining(
     timeout_ms: u64,
     left_out: *mut u64,
 ) -> c_int {
-    if fprobe::rcu::in_read_section() {
-        return FPROBE_E_BUSY;
-    }
     ffi(|| {
         let timeout = std::time::Duration::from_millis(timeout_ms);
         let left = fprobe_patch::detach_draining(take(handle)?, timeout).map_err(patch_code)?;

@@ -79,10 +79,9 @@ struct Known {
     module: usize,
     site: u64,
     layout: Layout,
-    /// Its stub, once its module's stubs are made.
-    stub: Option<u64>,
-    /// What its stub's trampolines save (set with the stub).
-    save: Option<RegisterSave>,
+    /// Its stub and what the stub's trampolines save, once its module's
+    /// stubs are made.
+    stub: Option<(u64, RegisterSave)>,
     /// Attached probes using it.
     users: u32,
     /// Tells this loaded copy of the function from one of an object loaded
@@ -94,7 +93,7 @@ impl Known {
     /// The jump its site's prefix holds while patched; `None` before its
     /// stub exists or out of rel32 reach of it.
     fn prefix_jmp(&self) -> Option<[u8; 5]> {
-        text::jmp_rel32(self.site, self.stub? + stubs::ENTRY_OFFSET)
+        text::jmp_rel32(self.site, self.stub?.0 + stubs::ENTRY_OFFSET)
     }
 
     /// Whether the code at `f`, in an object still loaded where this was
@@ -217,7 +216,6 @@ impl State {
                     site: s.site,
                     layout: s.layout,
                     stub: None,
-                    save: None,
                     users: 0,
                     copy: self.copies,
                 };
@@ -252,13 +250,12 @@ impl State {
         let with: Vec<(u64, bool)> = fs.iter().map(|f| (*f, lean.contains(f))).collect();
         let made = stubs::make(&module.path, module.code, &with, tramp::trampolines())?;
         for ((f, lean), s) in with.into_iter().zip(made) {
-            let k = self.functions.get_mut(&f).expect("listed above");
-            k.stub = Some(s);
-            k.save = Some(if lean {
+            let save = if lean {
                 RegisterSave::ArgumentsOnly
             } else {
                 RegisterSave::All
-            });
+            };
+            self.functions.get_mut(&f).expect("listed above").stub = Some((s, save));
         }
         Ok(())
     }
@@ -319,7 +316,10 @@ pub fn allow_argument_only_saves(allow: bool) {
 /// ```
 pub fn register_save(function: u64) -> Option<RegisterSave> {
     let st = state().lock().unwrap_or_else(|p| p.into_inner());
-    st.functions.get(&function).and_then(|k| k.save)
+    st.functions
+        .get(&function)
+        .and_then(|k| k.stub)
+        .map(|(_, save)| save)
 }
 
 fn state() -> &'static Mutex<State> {

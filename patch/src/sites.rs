@@ -114,11 +114,18 @@ pub(crate) fn modules() -> Result<Vec<(Module, Vec<Site>)>, Error> {
         if !same {
             continue;
         }
+        // Only an object with patchable functions gets stubs, which is
+        // what the functions' extents are for.
+        let text = if file.section_by_name(ENTRIES).is_some() {
+            text_of(&file, bias)
+        } else {
+            Code::default()
+        };
         let m = Module {
             path: path.into(),
             code,
             segments,
-            text: Arc::new(text_of(&file, bias)),
+            text: Arc::new(text),
         };
         let sites = module_sites(&m, &file, bias)?;
         out.push((m, sites));
@@ -204,6 +211,9 @@ unsafe extern "C" fn collect(
     0
 }
 
+/// The section listing an object's patchable entries.
+const ENTRIES: &str = "__patchable_function_entries";
+
 /// The functions (sized text symbols) and PLT sections of `file`, at
 /// their loaded addresses.
 fn text_of(file: &object::File<'_>, bias: u64) -> Code {
@@ -230,7 +240,7 @@ fn text_of(file: &object::File<'_>, bias: u64) -> Code {
 
 /// The sites of module `m`, loaded with `bias`, from its parsed `file`.
 fn module_sites(m: &Module, file: &object::File<'_>, bias: u64) -> Result<Vec<Site>, Error> {
-    let Some(section) = file.section_by_name("__patchable_function_entries") else {
+    let Some(section) = file.section_by_name(ENTRIES) else {
         return Ok(Vec::new());
     };
     let (at, size) = (section.address() + bias, section.size());
