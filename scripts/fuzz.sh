@@ -21,7 +21,7 @@ else
 fi
 status=0
 targets=$(cd fuzz && cargo fuzz list 2>/dev/null)
-for t in index_ops index_concurrent objpool_ops probe_ops; do
+for t in index_ops index_concurrent objpool_ops probe_ops probe_returns; do
   echo "$targets" | grep -qx "$t" || { echo "fuzz: target $t missing from fuzz/Cargo.toml"; status=1; }
 done
 for target in $targets; do

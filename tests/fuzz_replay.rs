@@ -107,3 +107,8 @@ fn replay_probe_ops_corpus() {
 fn generated_probe_ops_inputs() {
     generated(300, 600, probe_ops::run_bytes);
 }
+
+#[test]
+fn generated_probe_returns_inputs() {
+    generated(300, 600, probe_ops::run_bytes_taking_returns);
+}

@@ -109,6 +109,116 @@ fn entry_for_exit_pushes_a_frame_only_for_calls_with_an_exit_to_run() {
     assert_eq!(reg.stats(h).unwrap().exits, n + 1);
 }
 
+/// An engine that takes returns over gets each call's return address back
+/// from `on_return`, with the exit handlers run on the entry's data;
+/// frames kept deeper (a `longjmp` went past them) run their exits first;
+/// a return whose frame is gone says so; plain exits never pop such a
+/// frame, and plain frames left above one end unrun.
+#[test]
+fn returns_taken_over_are_handed_back_and_recover_from_longjmp() {
+    let reg = Registry::<()>::builder().build().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let l = log.clone();
+    let with_exit = Fprobe::<()>::builder()
+        .data_size(8)
+        .entry(|e| {
+            e.data.copy_from_slice(&e.addr.to_ne_bytes());
+            EntryAction::Continue
+        })
+        .exit(move |x| {
+            let data = u64::from_ne_bytes(x.data.try_into().unwrap());
+            l.lock().unwrap().push((x.addr, data, x.ret_addr))
+        })
+        .build();
+    let entry_only = Fprobe::<()>::builder()
+        .entry(|_| EntryAction::Continue)
+        .build();
+    let h = reg.register(with_exit, &[0x10, 0x20, 0x30]).unwrap();
+    reg.register(entry_only, &[0x40]).unwrap();
+    let take = |log: &Mutex<Vec<_>>| std::mem::take(&mut *log.lock().unwrap());
+
+    // Nested calls, each returning in turn; an entry-only call keeps nothing.
+    assert!(reg.on_entry_taking_return(0x10, 0x1000, 0x7f00, &()));
+    assert!(reg.on_entry_taking_return(0x20, 0x2000, 0x7e00, &()));
+    assert!(!reg.on_entry_taking_return(0x40, 0x4000, 0x7d00, &()));
+    assert_eq!(reg.on_return(0x7e00, &()), Some(0x2000));
+    assert_eq!(reg.on_return(0x7f00, &()), Some(0x1000));
+    assert_eq!(take(&log), [(0x20, 0x20, 0x2000), (0x10, 0x10, 0x1000)]);
+
+    // A `longjmp` from 0x30 back into 0x10: 0x20's and 0x30's frames are
+    // still there when 0x10 returns, and their exits run first.
+    assert!(reg.on_entry_taking_return(0x10, 0x1000, 0x7f00, &()));
+    assert!(reg.on_entry_taking_return(0x20, 0x2000, 0x7e00, &()));
+    assert!(reg.on_entry_taking_return(0x30, 0x3000, 0x7d00, &()));
+    assert_eq!(reg.stats(h).unwrap().in_flight, 3);
+    assert_eq!(reg.on_return(0x7f00, &()), Some(0x1000));
+    assert_eq!(
+        take(&log),
+        [
+            (0x30, 0x30, 0x3000),
+            (0x20, 0x20, 0x2000),
+            (0x10, 0x10, 0x1000)
+        ]
+    );
+    let s = reg.stats(h).unwrap();
+    assert_eq!((s.hits, s.exits, s.in_flight), (5, 5, 0), "{s:?}");
+
+    // A return deeper than the newest kept frame has none: lost, and the
+    // frame stays.
+    assert!(reg.on_entry_taking_return(0x10, 0x1000, 0x7f00, &()));
+    assert_eq!(reg.on_return(0x7e80, &()), None);
+    assert_eq!(reg.stats(h).unwrap().in_flight, 1, "the frame stays");
+    // A plain exit does not pop it.
+    reg.on_exit(0x1000, &());
+    assert!(take(&log).is_empty());
+    // A plain entry whose exit never came, above it, ends unrun.
+    reg.on_entry(0x20, 0x2000, &());
+    reg.on_entry(0x50, 0x5000, &()); // unprobed: a marker
+    assert_eq!(reg.stats(h).unwrap().in_flight, 2);
+    assert_eq!(reg.on_return(0x7f00, &()), Some(0x1000));
+    assert_eq!(take(&log), [(0x10, 0x10, 0x1000)]);
+    let s = reg.stats(h).unwrap();
+    assert_eq!((s.exits, s.in_flight), (6, 0), "{s:?}");
+    // One above every kept frame: they are all past (their exits run), and
+    // none was its own.
+    assert!(reg.on_entry_taking_return(0x10, 0x1000, 0x7f00, &()));
+    assert_eq!(reg.on_return(0x7f80, &()), None);
+    assert_eq!(take(&log), [(0x10, 0x10, 0x1000)]);
+    assert_eq!(reg.on_return(0x7f00, &()), None, "an empty stack");
+}
+
+/// A pairing reset keeps the frames of calls whose return was taken (they
+/// still return through their engine) and drops the plain frames above.
+#[test]
+fn a_pairing_reset_keeps_returns_taken_over() {
+    let reg = Registry::<()>::builder().build().unwrap();
+    let exits = counter();
+    let e = exits.clone();
+    let h = reg
+        .register(
+            Fprobe::builder()
+                .exit(move |_| {
+                    e.fetch_add(1, Ordering::Relaxed);
+                })
+                .build(),
+            &[0x10, 0x20],
+        )
+        .unwrap();
+    reg.on_entry(0x20, 0x2000, &()); // plain, below: kept with the rest
+    assert!(reg.on_entry_taking_return(0x10, 0x1000, 0x7f00, &()));
+    reg.on_entry(0x20, 0x2000, &()); // plain, above: dropped
+    assert_eq!(reg.stats(h).unwrap().in_flight, 3);
+    reg.reset_pairing();
+    reg.on_entry(0x30, 0, &()); // the next dispatch forgets
+    reg.on_exit(0, &());
+    assert_eq!(reg.stats(h).unwrap().in_flight, 2);
+    assert_eq!(reg.on_return(0x7f00, &()), Some(0x1000));
+    reg.on_exit(0x2000, &());
+    let s = reg.stats(h).unwrap();
+    assert_eq!((s.exits, s.in_flight), (2, 0), "{s:?}");
+    assert_eq!(exits.load(Ordering::Relaxed), 2);
+}
+
 #[test]
 fn several_probes_on_one_address_run_in_registration_order() {
     let reg = Registry::<()>::builder().build().unwrap();
@@ -600,6 +710,12 @@ proptest::proptest! {
     #[test]
     fn matches_dispatch_model(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..if cfg!(miri) { 128 } else { 1024 })) {
         probe_ops::run_bytes(&bytes);
+    }
+
+    /// The same with an engine's returns taken over among the calls.
+    #[test]
+    fn matches_dispatch_model_taking_returns(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..if cfg!(miri) { 128 } else { 1024 })) {
+        probe_ops::run_bytes_taking_returns(&bytes);
     }
 }
 

@@ -1,5 +1,6 @@
 //! The one `Op` definition and model checker for `probe::Registry`, shared
-//! by the cargo-fuzz target (`fuzz/fuzz_targets/probe_ops.rs`), the
+//! by the cargo-fuzz targets (`fuzz/fuzz_targets/probe_ops.rs` and
+//! `probe_returns.rs`), the
 //! property test (`tests/probe.rs`) and the stable corpus replay
 //! (`tests/fuzz_replay.rs`).
 //!
@@ -13,7 +14,8 @@
 //! shadow stack a few words deep) so that every miss path runs; the model
 //! counts the stack's words exactly as `probe/shadow.rs` lays them out.
 //! Registries are also dropped and made anew between calls, and pairing
-//! reset, with calls in flight.
+//! reset, with calls in flight; returns taken over by an engine are
+//! handed back, or said lost, as the model predicts.
 //!
 //! Handler panics are raised with `resume_unwind`, which skips the panic
 //! hook: the fuzzer's hook aborts on any real panic, and the registry must
@@ -82,6 +84,20 @@ pub enum Op {
     Drain(u8),
 }
 
+/// An [`Op`], or a call of an engine that takes returns over (the
+/// `probe_returns` target; `probe_ops` keeps to [`Op`], so that its corpus
+/// decodes as it was found).
+#[derive(Arbitrary, Clone, Debug)]
+pub enum Step {
+    Op(Op),
+    /// `on_entry_taking_return` on the test thread at address `.0` with
+    /// its return address at stack address [`sp`]`(.1)` (its answer is
+    /// checked).
+    EntryTakingReturn(u8, u8),
+    /// `on_return` at stack address [`sp`]`(.0)` (its answer is checked).
+    Return(u8),
+}
+
 /// Maps a fuzzed byte to an address: a small space, with 0 and `u64::MAX`.
 pub fn addr(a: u8) -> u64 {
     match a % 8 {
@@ -89,6 +105,16 @@ pub fn addr(a: u8) -> u64 {
         1 => u64::MAX,
         n => 0x40_1000 + u64::from(n) * 16,
     }
+}
+
+/// Maps a fuzzed byte to a stack address: lower for deeper calls.
+pub fn sp(s: u8) -> u64 {
+    0x7fff_0000 - 16 * u64::from(s % 16)
+}
+
+/// The return address an entry with its return at `sp` hands over.
+fn ret_at(sp: u64) -> u64 {
+    sp ^ 0x5a5a_0000_0000
 }
 
 /// A handler call as the handlers log it and the model predicts it.
@@ -253,6 +279,8 @@ struct Frame {
     words: usize,
     /// Kept exit handlers, oldest first (none: a marker).
     insts: Vec<Inst>,
+    /// The stack address of the return it took, if any.
+    sp: Option<u64>,
 }
 
 /// One thread's dispatch state.
@@ -306,11 +334,13 @@ impl Model {
         }
     }
 
-    /// The start of a top-level dispatch on `t`.
+    /// The start of a top-level dispatch on `t`: after a pairing reset,
+    /// the frames above the topmost one that took a return are dropped.
     fn begin(&self, t: &mut ThreadModel) {
         if t.reset {
-            t.frames.clear();
-            t.top = 0;
+            let keep = t.frames.iter().rposition(|f| f.sp.is_some());
+            t.frames.truncate(keep.map_or(0, |k| k + 1));
+            t.top = t.frames.iter().map(|f| f.words).sum();
             t.overflow = 0;
             t.reset = false;
         }
@@ -322,6 +352,7 @@ impl Model {
             t.frames.push(Frame {
                 words: 1,
                 insts: Vec::new(),
+                sp: None,
             });
         } else {
             t.overflow += 1;
@@ -329,12 +360,12 @@ impl Model {
     }
 
     fn on_entry(&mut self, t: &mut ThreadModel, a: u64) {
-        self.entry(t, a, true);
+        self.entry(t, a, true, None);
     }
 
-    /// An entry; `mark`: push a marker when nothing is kept. Returns
-    /// whether a full frame was pushed.
-    fn entry(&mut self, t: &mut ThreadModel, a: u64, mark: bool) -> bool {
+    /// An entry; `mark`: push a marker when nothing is kept; `sp`: the
+    /// return it takes. Returns whether a full frame was pushed.
+    fn entry(&mut self, t: &mut ThreadModel, a: u64, mark: bool, sp: Option<u64>) -> bool {
         self.begin(t);
         let at = self.at(a);
         if at.is_empty() || t.ignored {
@@ -343,11 +374,12 @@ impl Model {
             }
             return false;
         }
-        let need = 2 + at
-            .iter()
-            .map(|&(p, _)| frame_words(&self.probes[p].spec))
-            .sum::<usize>();
-        let reserved = need > 2 && t.top + need <= self.cap;
+        let header = if sp.is_some() { 4 } else { 2 };
+        let need = header
+            + at.iter()
+                .map(|&(p, _)| frame_words(&self.probes[p].spec))
+                .sum::<usize>();
+        let reserved = need > header && t.top + need <= self.cap;
         let mut insts = Vec::new();
         let mut used = 0;
         for (p, cookie) in at {
@@ -391,10 +423,11 @@ impl Model {
             }
             false
         } else {
-            t.top += used + 2;
+            t.top += used + header;
             t.frames.push(Frame {
-                words: used + 2,
+                words: used + header,
                 insts,
+                sp,
             });
             true
         }
@@ -406,8 +439,39 @@ impl Model {
             t.overflow -= 1;
             return;
         }
-        let Some(frame) = t.frames.pop() else { return };
+        if t.frames.last().is_none_or(|f| f.sp.is_some()) {
+            return; // only `on_return` pops a frame that took a return
+        }
+        let frame = t.frames.pop().unwrap();
         t.top -= frame.words;
+        self.exit_frame(t, frame);
+    }
+
+    /// `on_return(sp)`: the return address handed back.
+    fn on_return(&mut self, t: &mut ThreadModel, sp: u64) -> Option<u64> {
+        self.begin(t);
+        loop {
+            let at = t.frames.last()?.sp;
+            if at.is_some_and(|at| at > sp) {
+                return None;
+            }
+            let frame = t.frames.pop().unwrap();
+            t.top -= frame.words;
+            match at {
+                // A plain frame above: it ends unrun.
+                None => continue,
+                Some(at) => {
+                    self.exit_frame(t, frame);
+                    if at == sp {
+                        return Some(ret_at(at));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs the exits of a popped frame.
+    fn exit_frame(&mut self, t: &ThreadModel, frame: Frame) {
         if t.ignored {
             return; // an ignored thread runs no handler, exits included
         }
@@ -499,7 +563,7 @@ fn new_registry(data_size: usize, max_depth: usize, cell: &RegCell) -> Arc<Regis
 
 /// Runs `ops` on the calling thread against registries with `data_size`
 /// bytes of per-call data and shadow stacks `max_depth` deep.
-pub fn run(data_size: usize, max_depth: usize, ops: &[Op]) {
+pub fn run(data_size: usize, max_depth: usize, steps: &[Step]) {
     let alive = Arc::new(AtomicUsize::new(0));
     let log: Log = Arc::new(Mutex::new(Vec::new()));
     let cell: RegCell = Arc::new(Mutex::new(Weak::new()));
@@ -511,7 +575,27 @@ pub fn run(data_size: usize, max_depth: usize, ops: &[Op]) {
         events: Vec::new(),
     };
     let mut me = ThreadModel::default();
-    for op in ops {
+    for step in steps {
+        let op = match step {
+            Step::Op(op) => op,
+            Step::EntryTakingReturn(a, s) => {
+                let at = sp(*s);
+                let kept = reg.on_entry_taking_return(addr(*a), ret_at(at), at, &());
+                assert_eq!(
+                    kept,
+                    m.entry(&mut me, addr(*a), false, Some(at)),
+                    "on_entry_taking_return's answer"
+                );
+                check(&reg, &m, &me, &log);
+                continue;
+            }
+            Step::Return(s) => {
+                let got = reg.on_return(sp(*s), &());
+                assert_eq!(got, m.on_return(&mut me, sp(*s)), "on_return's answer");
+                check(&reg, &m, &me, &log);
+                continue;
+            }
+        };
         match op {
             Op::Register(spec) => {
                 let id = m.probes.len();
@@ -574,10 +658,11 @@ pub fn run(data_size: usize, max_depth: usize, ops: &[Op]) {
                 let kept = reg.on_entry_for_exit(addr(*a), 0, &());
                 assert_eq!(
                     kept,
-                    m.entry(&mut me, addr(*a), false),
+                    m.entry(&mut me, addr(*a), false, None),
                     "on_entry_for_exit's answer"
                 );
             }
+
             Op::Exit => {
                 reg.on_exit(0, &());
                 m.on_exit(&mut me);
@@ -641,21 +726,34 @@ pub fn run(data_size: usize, max_depth: usize, ops: &[Op]) {
     );
 }
 
-/// Decodes fuzzer bytes (registry shape, then ops until the bytes run out)
-/// and runs them on a fresh thread (so that the thread-wide `ignore` flag
-/// and the recursion guard start clear).
+/// Decodes fuzzer bytes (registry shape, then [`Op`]s until the bytes run
+/// out) and runs them on a fresh thread (so that the thread-wide `ignore`
+/// flag and the recursion guard start clear).
 pub fn run_bytes(data: &[u8]) {
+    run_decoded(data, |u: &mut Unstructured| Op::arbitrary(u).map(Step::Op));
+}
+
+/// As [`run_bytes`], with [`Step`]s: the calls of an engine that takes
+/// returns over among the others.
+pub fn run_bytes_taking_returns(data: &[u8]) {
+    run_decoded(data, |u: &mut Unstructured| Step::arbitrary(u));
+}
+
+fn run_decoded(
+    data: &[u8],
+    mut step: impl for<'a, 'b> FnMut(&'a mut Unstructured<'b>) -> arbitrary::Result<Step>,
+) {
     let mut u = Unstructured::new(data);
     let data_size = 8 * usize::from(u.arbitrary::<u8>().unwrap_or(0) % 4);
     let max_depth = usize::from(u.arbitrary::<u8>().unwrap_or(0) % 5);
-    let mut ops = Vec::new();
+    let mut steps = Vec::new();
     while !u.is_empty() {
-        match Op::arbitrary(&mut u) {
-            Ok(op) => ops.push(op),
+        match step(&mut u) {
+            Ok(s) => steps.push(s),
             Err(_) => break,
         }
     }
-    if let Err(e) = std::thread::spawn(move || run(data_size, max_depth, &ops)).join() {
+    if let Err(e) = std::thread::spawn(move || run(data_size, max_depth, &steps)).join() {
         std::panic::resume_unwind(e);
     }
 }

@@ -49,7 +49,7 @@
 //! pages, and get back the protections of their `PT_LOAD` segment. Every
 //! patch and unpatch runs under one process-wide mutex.
 //!
-//! # Trampolines and the return stack
+//! # Trampolines and the shadow stack
 //!
 //! The entry trampoline saves every caller-saved register (a caller may
 //! keep values in some across the call when its compiler knows the callee
@@ -63,26 +63,28 @@
 //! registers at entry and the return registers at exit, found by decoding
 //! the object's functions when its stubs are made ([`register_save`] says
 //! which a function got). Then it calls
-//! [`fprobe::probe::Registry::on_entry_for_exit`]. When that keeps a frame
-//! (some probe has an exit handler to run), the caller's return address
-//! is pushed on the thread's **return stack** with the address of its
-//! stack slot, and the stub calls the function's body with its own
+//! [`fprobe::probe::Registry::on_entry_taking_return`]. When that keeps a
+//! frame (some probe has an exit handler to run), the frame, on the
+//! probe layer's per-thread shadow stack, also holds the caller's return
+//! address and the address of its stack slot, and the stub calls the
+//! function's body with its own
 //! return address in that slot: stack arguments stay where the function
 //! looks for them, and the function returns into the stub, where the
 //! processor predicts it will (overwriting the return address with a
 //! trampoline's, as the kernel's fgraph and uftrace do, costs a
 //! mispredicted return per call: 7 ns of 58 in the SQLite profile). The
 //! stub then calls the exit trampoline, which saves every caller-saved
-//! register again, or only the return value's `rax rdx xmm0 xmm1`, runs the
-//! probe layer's exit and puts the caller's return address back in its
-//! slot, and the stub returns there.
+//! register again, or only the return value's `rax rdx xmm0 xmm1`, runs
+//! [`fprobe::probe::Registry::on_return`], which pops the frame, runs the
+//! exit handlers and hands the caller's return address back; the exit
+//! trampoline puts it back in its slot, and the stub returns there.
 //!
-//! The return stack follows the probe layer's rule against signals: an
-//! entry reserves its word (raises `top`) before anything a signal handler
-//! could run, an exit lowers `top` only after its last read; a signal
-//! handler's own calls push and pop above. Its depth is
-//! [`RETURN_DEPTH`]; a call that finds it full runs no probe and is
-//! counted in [`missed`].
+//! The shadow stack follows the probe layer's rule against signals: an
+//! entry reserves its frame before anything a signal handler could run,
+//! an exit releases it only after its last read; a signal handler's own
+//! calls push and pop above. Its depth is the registry's: a call deeper
+//! than that runs its entry handlers only, counted in
+//! [`fprobe::probe::Missed::depth`], and returns straight to its caller.
 //!
 //! # Hazards
 //!
@@ -91,16 +93,16 @@
 //!   (counted in [`fprobe::probe::Missed::recursion`]) and the call runs
 //!   unprobed.
 //! * **Signals.** A signal handler running patched code is a new context:
-//!   its probes run, and it nests on the return stack as above. A thread's
+//!   its probes run, and it nests on the shadow stack as above. A thread's
 //!   first probed call allocates its state; [`prepare_thread`] does it
 //!   ahead for threads whose first probed call may come from a signal
 //!   handler.
-//! * **`longjmp`.** Each return-stack entry records where the return
-//!   address was. An exit that finds entries recorded deeper than its own
-//!   (calls a `longjmp` skipped) first runs their exits, newest first,
-//!   with its own return registers, then its own: the pairing recovers. A
+//! * **`longjmp`.** Each kept frame records where the return address
+//!   was. An exit that finds frames kept deeper than its own (calls a
+//!   `longjmp` skipped) first runs their exits, newest first, with its
+//!   own return registers, then its own: the pairing recovers. A
 //!   `longjmp` out of a signal handler running on an alternate signal
-//!   stack leaves entries above the thread's stack, and the next exit
+//!   stack leaves frames above the thread's stack, and the next exit
 //!   aborts the process (it cannot tell where to return).
 //! * **C++ exceptions, `pthread_exit`, `pthread_cancel`** unwind by reading
 //!   return addresses; a function called from a stub has the stub's, which
@@ -114,8 +116,8 @@
 //!   balanced, and the trampolines start with `endbr64`. Not tested here:
 //!   no CET-enabled process was at hand.
 //! * **Stack switching** (`ucontext`, coroutine libraries) across a call
-//!   with an exit probe breaks the return stack's order: the exit finds
-//!   another stack's entry on top and the process aborts. Use entry
+//!   with an exit probe breaks the shadow stack's order: the exit finds
+//!   another stack's frame on top and the process aborts. Use entry
 //!   probes only on functions a coroutine may switch out of.
 //! * **`long double` returns** (`st0`) stay on the x87 stack while the
 //!   exit handlers run and are not in [`Regs`]; handlers must not use x87
@@ -129,7 +131,7 @@
 //!   handler touches the upper halves, as any libc call may (`vzeroupper`):
 //!   the trampolines save `xmm`, not `ymm`/`zmm`.
 //! * **`fork`** after attach: the child inherits the patched code and the
-//!   registry; its thread's return stack is the parent's copy, whose
+//!   registry; its thread's shadow stack is the parent's copy, whose
 //!   frames are the child's own. Threads created after attach are probed
 //!   from their first call.
 //! * **`dlclose`** of a library with attached sites: detach first where you
@@ -181,7 +183,7 @@ pub use error::Error;
 pub use regs::Regs;
 pub use runtime::{
     Attached, RegisterSave, allow_argument_only_saves, attach, attach_with_cookies, detach,
-    detach_draining, missed, register_save, registry,
+    detach_draining, register_save, registry,
 };
 pub use sites::{Layout, Site, sites};
-pub use tramp::{RETURN_DEPTH, prepare_thread};
+pub use tramp::prepare_thread;

@@ -38,13 +38,6 @@ pub fn registry() -> &'static Registry<Regs> {
     })
 }
 
-/// Calls that ran no probe because their thread's return stack was full
-/// ([`RETURN_DEPTH`](crate::RETURN_DEPTH) calls deep) or already destroyed.
-pub fn missed() -> u64 {
-    // Relaxed: a statistic.
-    tramp::MISSED.load(Ordering::Relaxed)
-}
-
 /// A probe attached by [`attach`]; give it to [`detach`].
 #[derive(Debug)]
 #[must_use = "a probe stays attached until it is detached"]

@@ -1,88 +1,23 @@
-//! The entry and exit trampolines and the per-thread return stack.
+//! The entry and exit trampolines' Rust halves.
 //!
-//! # Return stack invariants
-//!
-//! One array per thread of `(return address, address of its stack slot)`;
-//! `top` counts the entries in use. Only the owning thread touches it, and
-//! a signal handler running on that thread may enter and leave patched
-//! functions between any two of its instructions, so:
-//!
-//! * **an entry raises `top` before calling the probe layer** (reserving
-//!   its entry, behind a compiler fence), fills the entry only if the
-//!   call's exit is wanted, and otherwise lowers `top` back;
-//! * **an exit lowers `top` only after its last read of the entry and
-//!   after the probe layer's exit ran**, behind a compiler fence.
-//!
-//! A nested handler's calls therefore push and pop strictly above the
-//! entries in use and leave `top` as they found it. An entry is written
-//! before the stub takes the return address's slot, so an exit always
-//! finds what it needs.
-
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering, compiler_fence};
+//! A call whose exit is to run keeps the caller's return address, and the
+//! address of the stack slot it was in, in the probe layer's frame for the
+//! call ([`Registry::on_entry_taking_return`](fprobe::probe::Registry::on_entry_taking_return)),
+//! on the thread's one shadow stack, which follows the probe layer's rule
+//! against signals (a frame is reserved before anything a signal handler
+//! could run and released only after its last read; a handler's own calls
+//! push and pop above it). The frame is complete before the entry returns
+//! to the stub, which only then gives the slot to its own return address,
+//! so an exit always finds what it needs. Its depth is the registry's
+//! (`max_depth`): a deeper call runs its entry handlers only, counted in
+//! [`fprobe::probe::Missed::depth`], and returns straight to its caller.
 
 use crate::Regs;
 use crate::runtime;
 
-/// Calls with an exit to run a thread can have open at once;
-/// deeper calls run no probe and are counted in [`missed`](crate::missed).
-pub const RETURN_DEPTH: usize = 4096;
-
-#[derive(Clone, Copy)]
-struct Ret {
-    /// The caller's return address.
-    ret: u64,
-    /// Where it was on the stack (the slot the stub then gave to its own
-    /// return address, and the exit trampoline writes it back into).
-    slot: u64,
-}
-
-struct ReturnStack {
-    top: Cell<usize>,
-    /// `RETURN_DEPTH` entries, allocated on the thread's first probed call.
-    buf: Cell<*mut Ret>,
-}
-
-impl Drop for ReturnStack {
-    fn drop(&mut self) {
-        let buf = self.buf.get();
-        // A thread leaving with entries in use (its thread-local
-        // destructors ran inside a probed call, as under `pthread_exit`,
-        // which the crate docs rule out for exit probes) leaks the buffer
-        // rather than free memory a stale pointer could still reach.
-        if !buf.is_null() && self.top.get() == 0 {
-            // SAFETY: from `Box::into_raw` of a boxed slice of
-            // RETURN_DEPTH entries, freed once.
-            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(buf, RETURN_DEPTH)) });
-        }
-    }
-}
-
-std::thread_local! {
-    static STACK: ReturnStack = const {
-        ReturnStack { top: Cell::new(0), buf: Cell::new(std::ptr::null_mut()) }
-    };
-}
-
-/// Calls skipped because their thread's return stack was full or gone.
-pub(crate) static MISSED: AtomicU64 = AtomicU64::new(0);
-
-impl ReturnStack {
-    fn buf(&self) -> *mut Ret {
-        let b = self.buf.get();
-        if !b.is_null() {
-            return b;
-        }
-        let fresh: Box<[Ret]> = vec![Ret { ret: 0, slot: 0 }; RETURN_DEPTH].into_boxed_slice();
-        let b = Box::into_raw(fresh).cast::<Ret>();
-        self.buf.set(b);
-        b
-    }
-}
-
-/// Creates the calling thread's return stack and probe-layer state now,
-/// so that no probed call on it allocates (a thread whose first probed
-/// call may come from a signal handler should call this first).
+/// Creates the calling thread's probe-layer state now, so that no probed
+/// call on it allocates (a thread whose first probed call may come from a
+/// signal handler should call this first).
 ///
 /// # Examples
 ///
@@ -90,95 +25,35 @@ impl ReturnStack {
 /// fprobe_patch::prepare_thread();
 /// ```
 pub fn prepare_thread() {
-    STACK.with(|s| {
-        s.buf();
-    });
     runtime::registry().prepare_thread();
 }
 
 /// Called by the entry trampoline with the function, the address of its
 /// return address on the stack and the saved argument registers. Returns
 /// 1 when the call's exit is to be dispatched (its return address is kept
-/// on the return stack: the stub calls the function and then the exit
-/// trampoline), 0 otherwise (the stub jumps into the function).
+/// in the probe layer's frame: the stub calls the function and then the
+/// exit trampoline), 0 otherwise (the stub jumps into the function).
 extern "C" fn on_entry(function: u64, ret_slot: *const u64, regs: *const Regs) -> u64 {
-    let r = runtime::registry();
-    let done = STACK.try_with(|s| {
-        let t = s.top.get();
-        if t == RETURN_DEPTH {
-            return None;
-        }
-        let buf = s.buf();
-        s.top.set(t + 1);
-        // The reservation is in memory before anything a signal handler
-        // could run on this thread (program order is all a handler on the
-        // same thread needs).
-        compiler_fence(Ordering::SeqCst);
-        // SAFETY: the trampoline passes the slot of the function's return
-        // address, in the caller's live frame.
-        let ret = unsafe { *ret_slot };
-        // SAFETY: the trampoline's save area, live for this call.
-        let regs = unsafe { &*regs };
-        if r.on_entry_for_exit(function, ret, regs) {
-            // SAFETY: `t < RETURN_DEPTH`, reserved above. The stub gives
-            // the slot to its own return address once we return; the exit
-            // trampoline finds entry `t` then.
-            unsafe {
-                buf.add(t).write(Ret {
-                    ret,
-                    slot: ret_slot as u64,
-                })
-            };
-            Some(1)
-        } else {
-            compiler_fence(Ordering::SeqCst);
-            s.top.set(t);
-            Some(0)
-        }
-    });
-    match done {
-        Ok(Some(exit)) => exit,
-        _ => {
-            // Relaxed: a statistic.
-            MISSED.fetch_add(1, Ordering::Relaxed);
-            0
-        }
-    }
+    // SAFETY: the trampoline passes the slot of the function's return
+    // address, in the caller's live frame.
+    let ret = unsafe { *ret_slot };
+    // SAFETY: the trampoline's save area, live for this call.
+    let regs = unsafe { &*regs };
+    let kept = runtime::registry().on_entry_taking_return(function, ret, ret_slot as u64, regs);
+    u64::from(kept)
 }
 
 /// Called by the exit trampoline with the saved return registers and the
 /// stack pointer after the function's `ret` (one above the slot its return
 /// address was in); returns the caller's return address.
 extern "C" fn on_exit(regs: *const Regs, sp: u64) -> u64 {
-    let slot = sp - 8;
     // SAFETY: the trampoline's save area, live for this call.
     let regs = unsafe { &*regs };
-    let r = runtime::registry();
-    let ret = STACK.try_with(|s| {
-        let buf = s.buf.get();
-        loop {
-            let t = s.top.get();
-            if t == 0 || buf.is_null() {
-                return None;
-            }
-            // SAFETY: `t - 1 < top ≤ RETURN_DEPTH`, an entry in use.
-            let e = unsafe { buf.add(t - 1).read() };
-            if e.slot > slot {
-                return None; // an entry of a frame above ours: corrupt
-            }
-            r.on_exit(e.ret, regs);
-            compiler_fence(Ordering::SeqCst);
-            s.top.set(t - 1);
-            if e.slot == slot {
-                return Some(e.ret);
-            }
-            // Deeper than ours: a call that `longjmp` skipped. Its exit ran
-            // just now; go on to ours.
+    match runtime::registry().on_return(sp - 8, regs) {
+        Some(ret) => ret,
+        None => {
+            fatal(b"fprobe-patch: a return through the exit trampoline has no return address\n")
         }
-    });
-    match ret {
-        Ok(Some(ret)) => ret,
-        _ => fatal(b"fprobe-patch: a return through the exit trampoline has no return address\n"),
     }
 }
 

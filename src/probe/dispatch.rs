@@ -15,13 +15,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use super::def::{EntryAction, EntryContext, ExitContext};
 use super::recursion::{self, Entered};
 use super::registry::{Attach, Registry, state};
-use super::shadow::ShadowStack;
+use super::shadow::{HEADER, RETURN_WORDS, ShadowStack, TAKES_RETURN};
 use super::stats::Counter;
 use crate::rcu;
 use crate::sync::Ordering;
-
-/// Words of a full frame's header (`[addr, n]`).
-const HEADER: usize = 2;
 
 /// Counts `which` for the probe of attachment `a` on this thread.
 #[inline(always)]
@@ -46,7 +43,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// saves entering a nested section.
     #[inline]
     pub fn on_entry_in(&self, guard: &rcu::ReadGuard, addr: u64, ret_addr: u64, ctx: &C) {
-        self.entry::<true>(guard, addr, ret_addr, ctx);
+        self.entry::<true, false>(guard, addr, ret_addr, 0, ctx);
     }
 
     /// Function entry for an engine that hooks a return only when it has
@@ -73,18 +70,49 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// ```
     #[inline]
     pub fn on_entry_for_exit(&self, addr: u64, ret_addr: u64, ctx: &C) -> bool {
-        self.entry::<false>(&rcu::read_lock(), addr, ret_addr, ctx)
+        self.entry::<false, false>(&rcu::read_lock(), addr, ret_addr, 0, ctx)
+    }
+
+    /// Function entry for an engine that takes the call's return over: it
+    /// replaced the return address at `sp` (the stack address the caller's
+    /// return address `ret_addr` was read from) so that the function
+    /// returns into the engine. Runs the entry handlers like
+    /// [`on_entry_for_exit`](Self::on_entry_for_exit); when it keeps a
+    /// frame (returns `true`), the frame also keeps `ret_addr` and `sp`,
+    /// and the engine calls [`on_return`](Self::on_return) with the same
+    /// `sp` when the function returns, which runs the exit handlers and
+    /// hands `ret_addr` back. On `false` nothing was kept and the engine
+    /// leaves the return alone. One per-thread stack holds both, as the
+    /// kernel's fgraph return stack does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fprobe::probe::{Fprobe, Registry};
+    ///
+    /// let registry = Registry::<()>::builder().build().unwrap();
+    /// registry.register(Fprobe::builder().exit(|_| {}).build(), &[0x2000]).unwrap();
+    ///
+    /// // The call at 0x2000 from 0x500 had its return address at 0x7ff0.
+    /// assert!(registry.on_entry_taking_return(0x2000, 0x500, 0x7ff0, &()));
+    /// assert_eq!(registry.on_return(0x7ff0, &()), Some(0x500));
+    /// ```
+    #[inline]
+    pub fn on_entry_taking_return(&self, addr: u64, ret_addr: u64, sp: u64, ctx: &C) -> bool {
+        self.entry::<false, true>(&rcu::read_lock(), addr, ret_addr, sp, ctx)
     }
 
     /// An entry; `MARK`: push a marker when no exit handler is kept (the
-    /// caller calls `on_exit` for every entry). Returns whether a full
-    /// frame was pushed.
+    /// caller calls `on_exit` for every entry); `RET`: the frame keeps
+    /// `ret_addr` and `sp` for [`on_return`](Self::on_return). Returns
+    /// whether a full frame was pushed.
     #[inline(always)]
-    fn entry<const MARK: bool>(
+    fn entry<const MARK: bool, const RET: bool>(
         &self,
         guard: &rcu::ReadGuard,
         addr: u64,
         ret_addr: u64,
+        sp: u64,
         ctx: &C,
     ) -> bool {
         let Some(local) = self.local() else {
@@ -99,7 +127,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
         } else {
             match recursion::enter() {
                 Entered::Run(level) => {
-                    let kept = self.entry_frame::<MARK>(local, attached, addr, ret_addr, ctx);
+                    let kept =
+                        self.entry_frame::<MARK, RET>(local, attached, addr, ret_addr, sp, ctx);
                     drop(level);
                     Some(kept)
                 }
@@ -123,21 +152,23 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// call's frame (see `shadow.rs` for the layout and why each step is
     /// safe against a signal handler that dispatches in between).
     #[inline(always)]
-    fn entry_frame<const MARK: bool>(
+    fn entry_frame<const MARK: bool, const RET: bool>(
         &self,
         local: &ShadowStack,
         attached: &[Attach],
         addr: u64,
         ret_addr: u64,
+        sp: u64,
         ctx: &C,
     ) -> bool {
-        let need = HEADER
+        let header = if RET { HEADER + RETURN_WORDS } else { HEADER };
+        let need = header
             + match attached {
                 [a] => a.frame_words as usize,
                 _ => attached.iter().map(|a| a.frame_words as usize).sum(),
             };
         // With no exit handler among them only a marker is needed.
-        let base = if need > HEADER {
+        let base = if need > header {
             local.reserve(need)
         } else {
             None
@@ -208,9 +239,15 @@ impl<C: Send + Sync + 'static> Registry<C> {
         }
         match base {
             Some(base) if n > 0 => {
-                local.write(base + used, addr);
-                local.write(base + used + 1, n);
-                local.commit(base, used + HEADER);
+                let mut h = base + used;
+                if RET {
+                    local.write(h, ret_addr);
+                    local.write(h + 1, sp);
+                    h += RETURN_WORDS;
+                }
+                local.write(h, addr);
+                local.write(h + 1, if RET { n | TAKES_RETURN } else { n });
+                local.commit(base, used + header);
                 true
             }
             Some(base) if MARK => {
@@ -258,19 +295,88 @@ impl<C: Send + Sync + 'static> Registry<C> {
         self.begin(local);
         if let Some(top) = local.pop() {
             let _section = section();
-            let base = self.exit_frame(local, top, ret_addr, ctx);
+            let base = self.exit_frame::<false, true>(local, top, ret_addr, ctx);
             local.release(base);
         }
         local.end();
     }
 
-    /// Runs the exit handlers of the full frame below `top`; returns the
-    /// frame's base.
+    /// The return of a call whose entry took it over
+    /// ([`on_entry_taking_return`](Self::on_entry_taking_return) returned
+    /// `true` with this `sp`): runs the exit handlers kept for it, newest
+    /// first, and returns the caller's return address kept with them.
+    ///
+    /// Frames above it are of calls that never returned: calls whose
+    /// return was taken and kept at a lower `sp` (a `longjmp` or an
+    /// exception went past them) have their exit handlers run first, with
+    /// this call's context; plain entries whose `on_exit` never came end
+    /// without theirs. `None` when no frame kept at `sp` is found (the
+    /// calls did not nest, or the thread's state is being destroyed):
+    /// the return address is lost.
+    ///
+    /// # Examples
+    ///
+    /// See [`on_entry_taking_return`](Self::on_entry_taking_return).
+    #[inline]
+    pub fn on_return(&self, sp: u64, ctx: &C) -> Option<u64> {
+        let local = self.local()?;
+        self.begin(local);
+        let ret = {
+            let _section = rcu::read_lock();
+            loop {
+                let t = local.top();
+                if t == 0 {
+                    break None;
+                }
+                let word = local.read(t - 1);
+                if word & TAKES_RETURN == 0 {
+                    // A plain entry's frame above ours, its exit never
+                    // dispatched: it ends unrun.
+                    let base = match word {
+                        0 => t - 1,
+                        _ => self.exit_frame::<false, false>(local, t, 0, ctx),
+                    };
+                    local.release(base);
+                    continue;
+                }
+                let at = local.read(t - HEADER - 1);
+                if at > sp {
+                    break None; // a frame of a caller's call: ours is gone
+                }
+                let ret = local.read(t - HEADER - 2);
+                let base = self.exit_frame::<true, true>(local, t, ret, ctx);
+                local.release(base);
+                if at == sp {
+                    break Some(ret);
+                }
+            }
+        };
+        local.end();
+        ret
+    }
+
+    /// Runs the exit handlers of the full frame below `top` (`RET`: one
+    /// that took a return; `RUN`: `false` to end its calls unrun instead);
+    /// returns the frame's base.
     #[inline(always)]
-    fn exit_frame(&self, local: &ShadowStack, top: usize, ret_addr: u64, ctx: &C) -> usize {
-        let n = local.read(top - 1);
+    fn exit_frame<const RET: bool, const RUN: bool>(
+        &self,
+        local: &ShadowStack,
+        top: usize,
+        ret_addr: u64,
+        ctx: &C,
+    ) -> usize {
+        // A plain frame's top word has no flag to clear (`pop` saw to it).
+        let n = match RET {
+            true => local.read(top - 1) & !TAKES_RETURN,
+            false => local.read(top - 1),
+        };
         let addr = local.read(top - 2);
-        let mut p = top - HEADER;
+        let mut p = if RET {
+            top - HEADER - RETURN_WORDS
+        } else {
+            top - HEADER
+        };
         let entered = recursion::enter();
         for _ in 0..n {
             let meta = local.read(p - 1);
@@ -295,6 +401,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 // bumps below).
                 unsafe { local.counters.bump(slot_idx, Counter::Unrun) }
             };
+            if !RUN {
+                unrun();
+                continue;
+            }
             match entered {
                 Entered::Run(_) => {}
                 Entered::Recursion => {
@@ -355,19 +465,22 @@ impl<C: Send + Sync + 'static> Registry<C> {
         }
     }
 
-    /// Empties a stack of an older pairing epoch (or one adopted from an
-    /// exited thread, `epoch == None`): its kept return entries end as
+    /// Empties a stack of an older pairing epoch, down to its topmost
+    /// frame that took a return, or one adopted from an exited thread
+    /// (`epoch == None`) entirely: the return entries it drops end as
     /// `Unrun`, so that `in_flight` counts only calls that can still
     /// return.
     #[cold]
     #[inline(never)]
     pub(super) fn forget_frames(&self, local: &ShadowStack, epoch: Option<u64>) {
+        // A pairing reset keeps the calls whose return was taken.
+        let keep = epoch.map_or(0, |_| local.kept_by_reset());
         {
             // The generation check and the count inside one section: an
             // `unregister` that changes the generation waits for it, so the
             // count never lands on the slot's next probe.
             let _section = rcu::read_lock();
-            local.each_return_entry(|slot_idx, generation| {
+            local.each_return_entry(keep, |slot_idx, generation| {
                 let Some(slot) = self.slots.get(slot_idx as usize) else {
                     return;
                 };
@@ -379,7 +492,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             });
         }
         match epoch {
-            Some(epoch) => local.forget(epoch),
+            Some(epoch) => local.forget(epoch, keep),
             None => local.adopt(),
         }
     }

@@ -6,7 +6,10 @@
 //! dispatches: an engine calls [`Registry::on_entry`] from its hook or
 //! trampoline when a function is entered and [`Registry::on_exit`] when it
 //! returns, once for every `on_entry`, in LIFO order (as a return
-//! trampoline or `-finstrument-functions` does).
+//! trampoline or `-finstrument-functions` does). An engine that replaces
+//! return addresses calls [`Registry::on_entry_taking_return`] instead,
+//! which keeps the caller's return address in the call's frame when an
+//! exit is to run, and [`Registry::on_return`] gives it back.
 //!
 //! # Design
 //!
@@ -52,12 +55,15 @@
 //!   then unregistered, a probe has ended every call that kept its exit by
 //!   running the exit handler, unless the exit was refused (recursion, an
 //!   ignored thread, counted) or the call forgotten by a pairing reset.
+//! * A pairing reset never forgets a call whose return was taken over
+//!   (nor the frames below it): [`on_return`](Registry::on_return) hands
+//!   its return address back whatever happened in between.
 //!
 //! # Execution context
 //!
 //! | operation | blocks? | allocates? | async-signal-safe? |
 //! |---|---|---|---|
-//! | [`on_entry`](Registry::on_entry), [`on_exit`](Registry::on_exit) | never | a thread's first dispatch through a registry only (its state; [`prepare_thread`](Registry::prepare_thread) does it ahead) | yes, once the thread's state exists |
+//! | [`on_entry`](Registry::on_entry), [`on_exit`](Registry::on_exit), [`on_entry_taking_return`](Registry::on_entry_taking_return), [`on_return`](Registry::on_return) | never | a thread's first dispatch through a registry only (its state; [`prepare_thread`](Registry::prepare_thread) does it ahead) | yes, once the thread's state exists |
 //! | [`register`](Registry::register) | briefly (registry mutex, index stripes) | yes | no |
 //! | [`unregister`](Registry::unregister) | yes: a grace period | no | no |
 //! | [`drain`](Registry::drain) | yes: a grace period, then until the calls in flight return or the timeout | no | no |

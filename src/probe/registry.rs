@@ -209,7 +209,8 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
     /// three calls without one for each of those. Deeper calls still run
     /// their entry handlers; their exit handlers are skipped and counted
     /// ([`Missed::depth`](super::Missed::depth)). Each thread that
-    /// dispatches takes `max_depth × (ceil(data_size / 8) + 8)` words.
+    /// dispatches takes `max_depth × (ceil(data_size / 8) + 8)` words (a
+    /// frame that took a return takes two more than a plain one).
     pub fn max_depth(mut self, depth: usize) -> Self {
         self.max_depth = depth;
         self
@@ -586,7 +587,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         self.begin(local);
         let total = self.stats(h).map(|s| s.in_flight);
         let mut own = 0;
-        local.each_return_entry(|slot, generation| {
+        local.each_return_entry(0, |slot, generation| {
             own += u64::from(slot == h.slot && generation == h.generation);
         });
         local.end();
@@ -615,7 +616,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// entered before now run no handler. For engines that stop
     /// dispatching and start again (a detach, then an attach), whose
     /// threads would otherwise pair exits with the entries of calls that
-    /// returned while nothing dispatched.
+    /// returned while nothing dispatched. Calls whose return an engine
+    /// took over ([`on_entry_taking_return`](Self::on_entry_taking_return))
+    /// are kept, with every frame below the topmost of them: they still
+    /// return through the engine, which needs their return address.
     ///
     /// The reset is seen by every dispatch that happens after this call
     /// returns (through the synchronisation that makes the engine start

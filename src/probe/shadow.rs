@@ -13,7 +13,17 @@
 //!   is `[data…, cookie, generation, meta]`: the probe's per-call data
 //!   (`dw` words), the cookie of its attachment, the generation of its
 //!   slot at entry, and `meta = slot | dw << 32`. The top word tells the
-//!   exit what to read, newest entry first, and where the frame starts.
+//!   exit what to read, newest entry first, and where the frame starts;
+//! * a call whose entry took its return over (an engine that replaces the
+//!   return address, `Registry::on_entry_taking_return`) and kept `n ≥ 1`
+//!   return entries pushes them, then `[ret_addr, sp, addr, n |
+//!   TAKES_RETURN]`: the caller's return address and where the engine
+//!   found it, which only `Registry::on_return` pops and hands back. Such
+//!   a call pushes nothing when it keeps no return entry.
+//!
+//! A pairing reset keeps every frame up to the topmost one that took a
+//! return (those calls still return through their engine, which needs its
+//! return address back) and drops the frames above it.
 //!
 //! Calls whose frame does not fit are counted in `overflow` instead (the
 //! innermost calls, so their exits come first and pop the count).
@@ -42,6 +52,14 @@ use std::ptr::NonNull;
 
 use super::stats::Counters;
 use crate::sync::{Ordering, compiler_fence};
+
+/// Words of a full frame's header (`[addr, n]`).
+pub(super) const HEADER: usize = 2;
+/// Words a frame that took a return adds below its header (`[ret_addr, sp]`).
+pub(super) const RETURN_WORDS: usize = 2;
+/// Set in the top word of a frame that took a return (the sign bit, which
+/// [`ShadowStack::pop`] relies on).
+pub(super) const TAKES_RETURN: u64 = 1 << 63;
 
 /// One thread's state for one registry.
 pub(super) struct ShadowStack {
@@ -118,42 +136,69 @@ impl ShadowStack {
     }
 
     /// Empties the stack into pairing epoch `epoch` (after
-    /// [`begin`](Self::begin) said so).
-    pub(super) fn forget(&self, epoch: u64) {
-        self.top.set(0);
+    /// [`begin`](Self::begin) said so), down to `keep` words
+    /// ([`kept_by_reset`](Self::kept_by_reset)).
+    pub(super) fn forget(&self, epoch: u64, keep: usize) {
+        self.top.set(keep);
         self.overflow.set(0);
         self.epoch.set(epoch);
     }
 
-    /// Calls `f(slot, generation)` for every return entry on the stack,
-    /// newest first. Stops at a frame that does not parse. Only the stack
-    /// of a thread that exited inside a dispatch can hold a torn frame;
-    /// its stale words may also parse, and then be counted.
-    pub(super) fn each_return_entry(&self, mut f: impl FnMut(u32, u64)) {
+    /// Words a pairing reset keeps: up to the end of the topmost frame
+    /// that took a return, 0 when none did.
+    pub(super) fn kept_by_reset(&self) -> usize {
         let mut t = self.top.get().min(self.cap);
         while t > 0 {
-            let n = self.read(t - 1);
-            if n == 0 {
-                t -= 1;
-                continue;
+            let word = self.read(t - 1);
+            if word & TAKES_RETURN != 0 {
+                return t;
             }
-            let Some(mut p) = t.checked_sub(2) else {
-                return;
-            };
-            for _ in 0..n {
-                let Some(below) = p.checked_sub(3) else {
-                    return;
-                };
-                let meta = self.read(p - 1);
-                let generation = self.read(p - 2);
-                let Some(next) = below.checked_sub((meta >> 32) as usize) else {
-                    return;
-                };
-                f(meta as u32, generation);
-                p = next;
+            match self.frame_base(t, |_, _| ()) {
+                Some(base) => t = base,
+                None => return 0,
             }
-            t = p;
         }
+        0
+    }
+
+    /// Calls `f(slot, generation)` for every return entry on the stack
+    /// above word `from`, newest first. Stops at a frame that does not
+    /// parse. Only the stack of a thread that exited inside a dispatch can
+    /// hold a torn frame; its stale words may also parse, and then be
+    /// counted.
+    pub(super) fn each_return_entry(&self, from: usize, mut f: impl FnMut(u32, u64)) {
+        let mut t = self.top.get().min(self.cap);
+        while t > from {
+            match self.frame_base(t, &mut f) {
+                Some(base) => t = base,
+                None => return,
+            }
+        }
+    }
+
+    /// The base of the frame ending at word `t` (`0 < t ≤ min(top, cap)`),
+    /// calling `f(slot, generation)` for each of its return entries,
+    /// newest first; `None` when it does not parse.
+    fn frame_base(&self, t: usize, mut f: impl FnMut(u32, u64)) -> Option<usize> {
+        let word = self.read(t - 1);
+        if word == 0 {
+            return Some(t - 1);
+        }
+        let header = if word & TAKES_RETURN != 0 {
+            HEADER + RETURN_WORDS
+        } else {
+            HEADER
+        };
+        let mut p = t.checked_sub(header)?;
+        for _ in 0..word & !TAKES_RETURN {
+            let below = p.checked_sub(3)?;
+            let meta = self.read(p - 1);
+            let generation = self.read(p - 2);
+            let next = below.checked_sub((meta >> 32) as usize)?;
+            f(meta as u32, generation);
+            p = next;
+        }
+        Some(p)
     }
 
     /// Ends a dispatch started by [`begin`](Self::begin).
@@ -249,14 +294,25 @@ impl ShadowStack {
         if t == 0 {
             return None;
         }
-        if self.read(t - 1) == 0 {
-            // The marker is read before `top` gives its word up (a signal
-            // handler may reuse it at once).
-            compiler_fence(Ordering::SeqCst);
-            self.top.set(t - 1);
+        let word = self.read(t - 1);
+        // One test for both cases (`TAKES_RETURN` is the sign bit).
+        if (word as i64) <= 0 {
+            if word == 0 {
+                // The marker is read before `top` gives its word up (a
+                // signal handler may reuse it at once).
+                compiler_fence(Ordering::SeqCst);
+                self.top.set(t - 1);
+            }
+            // Only `on_return` pops a frame that took a return.
             return None;
         }
         Some(t)
+    }
+
+    /// Words in use.
+    #[inline(always)]
+    pub(super) fn top(&self) -> usize {
+        self.top.get()
     }
 
     /// Releases the frame from `base` up: `top` becomes `base`, after
