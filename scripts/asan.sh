@@ -23,7 +23,7 @@ for t in "${tests[@]}"; do
   echo "== asan: --test $t (FPROBE_STRESS_MS=$FPROBE_STRESS_MS)"
   cargo_asan --test "$t" || status=1
 done
-# The patching runtime: trampolines, return stack, patched C code under
+# The patching runtime: trampolines, shadow-stack frames, patched C code under
 # threads, signals, longjmp and fork.
 echo "== asan: patching runtime (fprobe-patch-ctest)"
 cargo_asan -p fprobe-patch-ctest --test patch --test lean --test signals --test capi || status=1

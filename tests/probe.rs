@@ -11,6 +11,38 @@ fn counter() -> Arc<AtomicU64> {
     Arc::new(AtomicU64::new(0))
 }
 
+/// Exit handler runs as `(addr, per-call data, ret_addr)`.
+type ExitLog = Arc<Mutex<Vec<(u64, u64, u64)>>>;
+
+/// A probe whose entry keeps its address as 8 bytes of per-call data and
+/// whose exit logs what it was given.
+fn addr_logging_probe() -> (Fprobe<()>, ExitLog) {
+    let log = ExitLog::default();
+    let l = log.clone();
+    let probe = Fprobe::<()>::builder()
+        .data_size(8)
+        .entry(|e| {
+            e.data.copy_from_slice(&e.addr.to_ne_bytes());
+            EntryAction::Continue
+        })
+        .exit(move |x| {
+            let data = u64::from_ne_bytes(x.data.try_into().unwrap());
+            l.lock().unwrap().push((x.addr, data, x.ret_addr))
+        })
+        .build();
+    (probe, log)
+}
+
+/// A probe with only an exit handler, which counts its runs in `exits`.
+fn counting_exits(exits: &Arc<AtomicU64>) -> Fprobe<()> {
+    let exits = exits.clone();
+    Fprobe::builder()
+        .exit(move |_| {
+            exits.fetch_add(1, Ordering::Relaxed);
+        })
+        .build()
+}
+
 #[test]
 fn entry_exit_pairing_data_and_cookies() {
     let reg = Registry::<u64>::builder().build().unwrap();
@@ -56,20 +88,7 @@ fn entry_exit_pairing_data_and_cookies() {
 #[test]
 fn entry_for_exit_pushes_a_frame_only_for_calls_with_an_exit_to_run() {
     let reg = Registry::<()>::builder().max_depth(4).build().unwrap();
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let l = log.clone();
-    let with_exit = Fprobe::<()>::builder()
-        .data_size(8)
-        .entry(|e| {
-            e.data.copy_from_slice(&e.addr.to_ne_bytes());
-            EntryAction::Continue
-        })
-        .exit(move |x| {
-            l.lock()
-                .unwrap()
-                .push((x.addr, x.data.to_vec(), x.ret_addr))
-        })
-        .build();
+    let (with_exit, log) = addr_logging_probe();
     let skip = Fprobe::<()>::builder()
         .data_size(8)
         .entry(|_| EntryAction::SkipExit)
@@ -89,10 +108,7 @@ fn entry_for_exit_pushes_a_frame_only_for_calls_with_an_exit_to_run() {
         assert!(!reg.on_entry_for_exit(a, 0x2000, &()), "{a:#x}");
     }
     reg.on_exit(0x1000, &());
-    assert_eq!(
-        *log.lock().unwrap(),
-        [(0x10, 0x10u64.to_ne_bytes().to_vec(), 0x1000)]
-    );
+    assert_eq!(*log.lock().unwrap(), [(0x10, 0x10, 0x1000)]);
     // Deeper than the stack holds: no frame, counted, and the entry says so.
     let kept = (0..100)
         .take_while(|_| reg.on_entry_for_exit(0x10, 0, &()))
@@ -117,19 +133,7 @@ fn entry_for_exit_pushes_a_frame_only_for_calls_with_an_exit_to_run() {
 #[test]
 fn returns_taken_over_are_handed_back_and_recover_from_longjmp() {
     let reg = Registry::<()>::builder().build().unwrap();
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let l = log.clone();
-    let with_exit = Fprobe::<()>::builder()
-        .data_size(8)
-        .entry(|e| {
-            e.data.copy_from_slice(&e.addr.to_ne_bytes());
-            EntryAction::Continue
-        })
-        .exit(move |x| {
-            let data = u64::from_ne_bytes(x.data.try_into().unwrap());
-            l.lock().unwrap().push((x.addr, data, x.ret_addr))
-        })
-        .build();
+    let (with_exit, log) = addr_logging_probe();
     let entry_only = Fprobe::<()>::builder()
         .entry(|_| EntryAction::Continue)
         .build();
@@ -193,17 +197,7 @@ fn returns_taken_over_are_handed_back_and_recover_from_longjmp() {
 fn a_pairing_reset_keeps_returns_taken_over() {
     let reg = Registry::<()>::builder().build().unwrap();
     let exits = counter();
-    let e = exits.clone();
-    let h = reg
-        .register(
-            Fprobe::builder()
-                .exit(move |_| {
-                    e.fetch_add(1, Ordering::Relaxed);
-                })
-                .build(),
-            &[0x10, 0x20],
-        )
-        .unwrap();
+    let h = reg.register(counting_exits(&exits), &[0x10, 0x20]).unwrap();
     reg.on_entry(0x20, 0x2000, &()); // plain, below: kept with the rest
     assert!(reg.on_entry_taking_return(0x10, 0x1000, 0x7f00, &()));
     reg.on_entry(0x20, 0x2000, &()); // plain, above: dropped
@@ -817,17 +811,7 @@ fn in_flight_counts_open_calls_until_they_end() {
 fn drain_waits_for_calls_in_flight() {
     let reg = Registry::<()>::builder().build().unwrap();
     let exits = counter();
-    let x2 = exits.clone();
-    let h = reg
-        .register(
-            Fprobe::builder()
-                .exit(move |_| {
-                    x2.fetch_add(1, Ordering::Relaxed);
-                })
-                .build(),
-            &[0x10],
-        )
-        .unwrap();
+    let h = reg.register(counting_exits(&exits), &[0x10]).unwrap();
     let (entered, release) = (Barrier::new(2), Barrier::new(2));
     std::thread::scope(|s| {
         s.spawn(|| {

@@ -17,12 +17,14 @@
 //! * `patch, detached`: SQLite built with `-fpatchable-function-entry=7,5`,
 //!   nothing attached (its functions start with two nops);
 //! * `patch`: that build with every patchable function attached at run
-//!   time through `fprobe-patch`, the same handlers (attach and detach
-//!   timed).
+//!   time through `fprobe-patch`, the same handlers written as Rust
+//!   closures (attach and detach timed);
+//! * `patch-c`: the same through the C ABI (`fprobe_patch_attach`) with
+//!   the very C handlers the `fprobe` mode runs.
 //!
 //! ```text
 //! cargo run --release -p fprobe-sqlite-profiler -- [--rows N] [--threads 1,2] [--reps R] [--top K]
-//!     [--handlers profile|noop] [--modes plain,detached,fprobe,hashmap,patch-detached,patch]
+//!     [--handlers profile|noop] [--modes plain,detached,fprobe,hashmap,patch-detached,patch,patch-c]
 //!     [--hit-cache N[,percpu]] [--stress-patch SECS] [--record-trace PATH]
 //! ```
 //!
@@ -50,6 +52,7 @@ mod trace;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use fprobe_capi::patch::{fprobe_patch_attach, fprobe_patch_detach, fprobe_patch_stats};
 use fprobe_capi::*;
 use object::{Object, ObjectSymbol, SymbolKind};
 
@@ -170,16 +173,18 @@ enum Mode {
     LockedHashMap,
     PatchDetached,
     Patch,
+    PatchC,
 }
 
 impl Mode {
-    const ALL: [Mode; 6] = [
+    const ALL: [Mode; 7] = [
         Mode::Plain,
         Mode::Detached,
         Mode::Fprobe,
         Mode::LockedHashMap,
         Mode::PatchDetached,
         Mode::Patch,
+        Mode::PatchC,
     ];
 
     fn name(self) -> &'static str {
@@ -190,6 +195,7 @@ impl Mode {
             Mode::LockedHashMap => "instr, locked-HashMap profiler",
             Mode::PatchDetached => "patchable, nothing attached",
             Mode::Patch => "patchable, fprobe-patch profiler",
+            Mode::PatchC => "patchable, same through the C ABI",
         }
     }
 }
@@ -247,6 +253,19 @@ struct Handlers {
     noop: bool,
 }
 
+impl Handlers {
+    /// The C ABI's probe of these handlers, with 8 bytes of per-call data.
+    fn c_probe(self) -> fprobe_probe {
+        fprobe_probe {
+            entry: self.entry,
+            exit: self.exit,
+            release: None,
+            user: std::ptr::null_mut(),
+            data_size: 8,
+        }
+    }
+}
+
 /// `--hit-cache N[,percpu]`: the registry's hit cache (entries, per-CPU).
 static HIT_CACHE: std::sync::OnceLock<(usize, std::ffi::c_int)> = std::sync::OnceLock::new();
 
@@ -277,13 +296,7 @@ fn run(libs: &Libs, funcs: &[Func], h: Handlers, mode: Mode, threads: usize, row
             assert_eq!(unsafe { fprobe_registry_new(&cfg, &mut r) }, FPROBE_OK);
             let addrs: Vec<u64> = funcs.iter().map(|f| f.addr).collect();
             let cookies: Vec<u64> = (0..funcs.len() as u64).collect();
-            let probe = fprobe_probe {
-                entry: h.entry,
-                exit: h.exit,
-                release: None,
-                user: std::ptr::null_mut(),
-                data_size: 8,
-            };
+            let probe = h.c_probe();
             let mut handle = 0;
             let t0 = Instant::now();
             // SAFETY: `addrs` and `cookies` hold `len` values each.
@@ -363,6 +376,27 @@ fn run(libs: &Libs, funcs: &[Func], h: Handlers, mode: Mode, threads: usize, row
             out.probe = Some(fprobe_stats::from(st));
             out.stats = prof::take_totals();
         }
+        Mode::PatchC => {
+            let probe = h.c_probe();
+            let (fs, cookies): (Vec<u64>, Vec<u64>) = libs.patch_funcs.iter().copied().unzip();
+            let mut handle = 0;
+            let t0 = Instant::now();
+            // SAFETY: `fs` and `cookies` hold `len` values each.
+            let rc = unsafe {
+                fprobe_patch_attach(&probe, fs.as_ptr(), cookies.as_ptr(), fs.len(), &mut handle)
+            };
+            out.register = t0.elapsed();
+            assert_eq!(rc, FPROBE_OK, "attach every patchable function");
+            (out.wall, out.checksum) = workload_threads(&libs.patch, threads, rows);
+            let mut st = fprobe_stats::default();
+            // SAFETY: a live handle.
+            assert_eq!(unsafe { fprobe_patch_stats(handle, &mut st) }, FPROBE_OK);
+            let t1 = Instant::now();
+            assert_eq!(fprobe_patch_detach(handle), FPROBE_OK);
+            out.detach = t1.elapsed();
+            out.probe = Some(st);
+            out.stats = prof::take_totals();
+        }
     }
     out
 }
@@ -386,7 +420,7 @@ struct Options {
 }
 
 const USAGE: &str = "usage: fprobe-sqlite-profiler [--rows N] [--threads 1,2] [--reps R] [--top K]
-    [--handlers profile|noop] [--modes plain,detached,fprobe,hashmap,patch-detached,patch]
+    [--handlers profile|noop] [--modes plain,detached,fprobe,hashmap,patch-detached,patch,patch-c]
     [--hit-cache N[,percpu]] [--stress-patch SECS] [--record-trace PATH]";
 
 /// Why the command line gave no [`Options`].
@@ -461,9 +495,10 @@ fn parse_options(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<O
                         "hashmap" => Ok(Mode::LockedHashMap),
                         "patch-detached" => Ok(Mode::PatchDetached),
                         "patch" => Ok(Mode::Patch),
+                        "patch-c" => Ok(Mode::PatchC),
                         other => Err(format!(
                             "--modes: unknown mode {other:?} (plain, detached, fprobe, hashmap, \
-                             patch-detached, patch)"
+                             patch-detached, patch, patch-c)"
                         )),
                     })
                     .collect::<Result<_, String>>()?;
@@ -651,13 +686,17 @@ fn main() {
                     }
                     reg_ms.push(r.register.as_secs_f64() * 1e3);
                     last_fprobe = Some(r);
-                } else if mode == Mode::Patch {
+                } else if matches!(mode, Mode::Patch | Mode::PatchC) {
                     let p = r.probe.expect("probe stats");
-                    patch_calls = if noop {
+                    let seen = if noop {
                         p.hits
                     } else {
                         r.stats.iter().map(|s| s.calls).sum()
                     };
+                    if mode == Mode::PatchC && modes.contains(&Mode::Patch) {
+                        assert_eq!(seen, patch_calls, "both patch modes saw every call");
+                    }
+                    patch_calls = seen;
                     assert_eq!(
                         p.hits, patch_calls,
                         "every patched call reached the handler once"
@@ -693,7 +732,7 @@ fn main() {
         for mode in Mode::ALL {
             let w = med(mode);
             let c = match mode {
-                Mode::PatchDetached | Mode::Patch => patch_calls,
+                Mode::PatchDetached | Mode::Patch | Mode::PatchC => patch_calls,
                 _ => calls,
             };
             let per_call = if matches!(mode, Mode::Plain) || c == 0 {
