@@ -279,10 +279,12 @@ impl ShadowStack {
         unsafe { self.data_mut(i, len) }
     }
 
-    /// Pops an exit: `Some(top)` when the top frame is a full frame (the
-    /// caller reads it, then [`release`](Self::release)s it), `None` when
-    /// there was nothing to run (an overflow, a marker, or an empty stack:
-    /// an exit with no matching entry).
+    /// Pops a plain exit: `Some(top)` when the top frame is a full frame
+    /// of a plain entry (the caller reads it, then
+    /// [`release`](Self::release)s it), `None` when there was nothing to
+    /// run (an overflow, a marker, or an empty stack: an exit with no
+    /// matching entry) or the top frame took a return (it stays for
+    /// `Registry::on_return`).
     #[inline(always)]
     pub(super) fn pop(&self) -> Option<usize> {
         let overflow = self.overflow.get();
