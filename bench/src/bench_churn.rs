@@ -8,7 +8,7 @@
 //!
 //! `--bench churn-alt`: the same variants, measured inside each phase
 //! instead of across phases. One writer thread is started per phase and
-//! held and let run in turn every 20 ms ([`WINDOW`]); while held it spins,
+//! held and let run in turn every 20 ms ([`WINDOW`](crate::churn::WINDOW)); while held it spins,
 //! so both kinds of window have the writer's CPU busy and differ only in
 //! its index operations. Each running window is divided by the mean of the
 //! held windows on either side, and the table gives the median of those
@@ -144,7 +144,7 @@ fn rate_label(ops: f64) -> String {
 enum Mode {
     /// Idle and churning phases of a second or so, in turn (`--bench churn`).
     Phases,
-    /// The writer held and let run every [`WINDOW`] inside one phase,
+    /// The writer held and let run every [`WINDOW`](crate::churn::WINDOW) inside one phase,
     /// windows paired (`--bench churn-alt`).
     Alternating,
     /// `Alternating`, with the `disjoint` and `hot-set` writers capped at
