@@ -320,6 +320,44 @@ int fprobe_on_entry(struct fprobe_registry *r, uint64_t addr, uint64_t ret_addr,
 // As [`fprobe_on_entry`].
 int fprobe_on_exit(struct fprobe_registry *r, uint64_t ret_addr, void *ctx);
 
+// Function entry for an engine that takes the call's return over (it
+// replaces the return address at stack address `sp`, where it read
+// `ret_addr`): runs the entry handlers like [`fprobe_on_entry`] and writes
+// to `*kept` 1 when it kept a frame holding `ret_addr` and `sp` (some exit
+// handler is to run: call [`fprobe_on_return`] with the same `sp` when the
+// function returns), 0 when it kept nothing (leave the return alone).
+//
+// Returns [`FPROBE_OK`], [`FPROBE_E_NULL`] (`r` or `kept`) or
+// [`FPROBE_E_DESTROYED`] (`*kept` is then 0). Thread-safe; never blocks;
+// async-signal-safe as [`fprobe_on_entry`].
+//
+// # Safety
+//
+// As [`fprobe_on_entry`]; `kept` is NULL or writable.
+int fprobe_on_entry_taking_return(struct fprobe_registry *r,
+                                  uint64_t addr,
+                                  uint64_t ret_addr,
+                                  uint64_t sp,
+                                  void *ctx,
+                                  int *kept);
+
+// The return of a call whose entry [`fprobe_on_entry_taking_return`] kept
+// at `sp`: runs its exit handlers (first those of calls kept deeper that
+// never returned, as after a `longjmp`) and writes the caller's return
+// address to `*ret_addr_out`.
+//
+// Returns [`FPROBE_OK`], [`FPROBE_E_NULL`] (`r` or `ret_addr_out`),
+// [`FPROBE_E_NOT_FOUND`] (no frame kept at `sp`: the calls did not nest,
+// or the thread is exiting) or [`FPROBE_E_DESTROYED`]; on an error the
+// return address is not known here. Do not destroy a registry while
+// calls whose return it kept can still return. Thread-safe; never blocks;
+// async-signal-safe as [`fprobe_on_entry`].
+//
+// # Safety
+//
+// As [`fprobe_on_entry`]; `ret_addr_out` is NULL or writable.
+int fprobe_on_return(struct fprobe_registry *r, uint64_t sp, void *ctx, uint64_t *ret_addr_out);
+
 // Forgets every call in flight on every thread for this registry: each
 // thread empties its shadow stack at its next dispatch, so exits of calls
 // entered before now run no handler. For engines that stop calling the

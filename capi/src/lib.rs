@@ -870,6 +870,83 @@ pub unsafe extern "C" fn fprobe_on_exit(
     unsafe { dispatch(r, |reg| reg.on_exit(ret_addr, &EngineCtx(ctx))) }
 }
 
+/// Function entry for an engine that takes the call's return over (it
+/// replaces the return address at stack address `sp`, where it read
+/// `ret_addr`): runs the entry handlers like [`fprobe_on_entry`] and writes
+/// to `*kept` 1 when it kept a frame holding `ret_addr` and `sp` (some exit
+/// handler is to run: call [`fprobe_on_return`] with the same `sp` when the
+/// function returns), 0 when it kept nothing (leave the return alone).
+///
+/// Returns [`FPROBE_OK`], [`FPROBE_E_NULL`] (`r` or `kept`) or
+/// [`FPROBE_E_DESTROYED`] (`*kept` is then 0). Thread-safe; never blocks;
+/// async-signal-safe as [`fprobe_on_entry`].
+///
+/// # Safety
+///
+/// As [`fprobe_on_entry`]; `kept` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_on_entry_taking_return(
+    r: *mut fprobe_registry,
+    addr: u64,
+    ret_addr: u64,
+    sp: u64,
+    ctx: *mut c_void,
+    kept: *mut c_int,
+) -> c_int {
+    if kept.is_null() {
+        return FPROBE_E_NULL;
+    }
+    let mut k = false;
+    // SAFETY: forwarded contract.
+    let rc = unsafe {
+        dispatch(r, |reg| {
+            k = reg.on_entry_taking_return(addr, ret_addr, sp, &EngineCtx(ctx));
+        })
+    };
+    // SAFETY: checked non-null; writable by the contract.
+    unsafe { *kept = c_int::from(k) };
+    rc
+}
+
+/// The return of a call whose entry [`fprobe_on_entry_taking_return`] kept
+/// at `sp`: runs its exit handlers (first those of calls kept deeper that
+/// never returned, as after a `longjmp`) and writes the caller's return
+/// address to `*ret_addr_out`.
+///
+/// Returns [`FPROBE_OK`], [`FPROBE_E_NULL`] (`r` or `ret_addr_out`),
+/// [`FPROBE_E_NOT_FOUND`] (no frame kept at `sp`: the calls did not nest,
+/// or the thread is exiting) or [`FPROBE_E_DESTROYED`]; on an error the
+/// return address is not known here. Do not destroy a registry while
+/// calls whose return it kept can still return. Thread-safe; never blocks;
+/// async-signal-safe as [`fprobe_on_entry`].
+///
+/// # Safety
+///
+/// As [`fprobe_on_entry`]; `ret_addr_out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_on_return(
+    r: *mut fprobe_registry,
+    sp: u64,
+    ctx: *mut c_void,
+    ret_addr_out: *mut u64,
+) -> c_int {
+    if ret_addr_out.is_null() {
+        return FPROBE_E_NULL;
+    }
+    let mut ret = None;
+    // SAFETY: forwarded contract.
+    let rc = unsafe { dispatch(r, |reg| ret = reg.on_return(sp, &EngineCtx(ctx))) };
+    match (rc, ret) {
+        (FPROBE_OK, Some(a)) => {
+            // SAFETY: checked non-null; writable by the contract.
+            unsafe { *ret_addr_out = a };
+            FPROBE_OK
+        }
+        (FPROBE_OK, None) => FPROBE_E_NOT_FOUND,
+        (rc, _) => rc,
+    }
+}
+
 /// Forgets every call in flight on every thread for this registry: each
 /// thread empties its shadow stack at its next dispatch, so exits of calls
 /// entered before now run no handler. For engines that stop calling the

@@ -266,6 +266,69 @@ fn dispatch_enable_disable_stats_and_nested_unregister() {
     }
 }
 
+/// An engine that takes returns over gets each return address back, with
+/// the exits run on the entries' data; bad pointers, a return with no kept
+/// frame and a destroyed registry are errors.
+#[test]
+fn returns_taken_over_through_the_c_abi() {
+    // SAFETY: valid arguments, and documented bad-input paths.
+    unsafe {
+        let r = new_registry();
+        let c = counts();
+        let p = probe_for(&c);
+        let mut h = 0;
+        assert_eq!(
+            fprobe_register(r, &p, [0x1000u64].as_ptr(), null(), 1, &mut h),
+            FPROBE_OK
+        );
+        let mut kept = 9;
+        let mut ret = 0u64;
+        assert_eq!(
+            fprobe_on_entry_taking_return(r, 0x1000, 0x500, 0x7f00, null_mut(), &mut kept),
+            FPROBE_OK
+        );
+        assert_eq!(kept, 1);
+        // Unprobed: nothing kept, the return is left alone.
+        assert_eq!(
+            fprobe_on_entry_taking_return(r, 0x3000, 0x600, 0x7e00, null_mut(), &mut kept),
+            FPROBE_OK
+        );
+        assert_eq!(kept, 0);
+        assert_eq!(fprobe_on_return(r, 0x7f00, null_mut(), &mut ret), FPROBE_OK);
+        assert_eq!(ret, 0x500);
+        assert_eq!(c.exits.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            fprobe_on_return(r, 0x7f00, null_mut(), &mut ret),
+            FPROBE_E_NOT_FOUND
+        );
+        assert_eq!(
+            fprobe_on_entry_taking_return(r, 0x1000, 0x500, 0x7f00, null_mut(), null_mut()),
+            FPROBE_E_NULL
+        );
+        assert_eq!(
+            fprobe_on_return(r, 0x7f00, null_mut(), null_mut()),
+            FPROBE_E_NULL
+        );
+        assert_eq!(
+            fprobe_on_entry_taking_return(null_mut(), 1, 2, 3, null_mut(), &mut kept),
+            FPROBE_E_NULL
+        );
+        assert_eq!(fprobe_registry_destroy(r), FPROBE_OK);
+        kept = 9;
+        assert_eq!(
+            fprobe_on_entry_taking_return(r, 0x1000, 0x500, 0x7f00, null_mut(), &mut kept),
+            FPROBE_E_DESTROYED
+        );
+        assert_eq!(kept, 0);
+        assert_eq!(
+            fprobe_on_return(r, 0x7f00, null_mut(), &mut ret),
+            FPROBE_E_DESTROYED
+        );
+        assert_eq!(fprobe_barrier(), FPROBE_OK);
+        assert_eq!(c.released.load(Ordering::Relaxed), 1);
+    }
+}
+
 /// A registry pointer that may cross threads (the ABI is thread-safe).
 #[derive(Clone, Copy)]
 struct Shared(*mut fprobe_registry);
