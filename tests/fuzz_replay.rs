@@ -109,6 +109,11 @@ fn generated_probe_ops_inputs() {
 }
 
 #[test]
+fn replay_probe_returns_corpus() {
+    replay("probe_returns", probe_ops::run_bytes_taking_returns);
+}
+
+#[test]
 fn generated_probe_returns_inputs() {
     generated(300, 600, probe_ops::run_bytes_taking_returns);
 }
