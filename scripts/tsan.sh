@@ -35,7 +35,7 @@ done
 # above; its code writes are outside TSan's view, the registry and the
 # runtime's own state are not).
 echo "== tsan: patching runtime (fprobe-patch-ctest)"
-cargo_tsan -p fprobe-patch-ctest --test patch --test lean --test signals -- --skip a_forked_child || status=1
+cargo_tsan -p fprobe-patch-ctest --test patch --test lean --test everywhere --test signals -- --skip a_forked_child || status=1
 san_canary tsan "ThreadSanitizer: data race" \
   cargo_tsan --test canary -- --ignored --exact canary_relaxed_publication || status=1
 exit $status

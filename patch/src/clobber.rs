@@ -28,7 +28,7 @@
 //! for call instructions the compiler emits as text it does not count as
 //! calls (`-pg`'s `mcount`). Nothing in the binary tells these apart, so
 //! the runtime uses this only when asked to
-//! ([`allow_argument_only_saves`](crate::allow_argument_only_saves)).
+//! ([`ArgumentOnlySaves::WhereFunctionsCallOut`](crate::ArgumentOnlySaves::WhereFunctionsCallOut)).
 //!
 //! The scan decodes each function of the object from its symbol's address
 //! over its symbol's size. A direct `call` or `jmp` into a PLT section, and

@@ -58,11 +58,15 @@
 //! which the handlers see as their context. A function that makes a call
 //! its compiler cannot see into (through the PLT or a pointer, itself or
 //! through functions of its object it calls) clobbers every caller-saved
-//! register as far as its callers know; with [`allow_argument_only_saves`]
-//! (for SysV code, see there) its trampolines keep only the argument
+//! register as far as its callers know; with
+//! [`ArgumentOnlySaves::WhereFunctionsCallOut`] (for SysV code, see
+//! [`set_argument_only_saves`]) its trampolines keep only the argument
 //! registers at entry and the return registers at exit, found by decoding
-//! the object's functions when its stubs are made ([`register_save`] says
-//! which a function got). Then it calls
+//! the object's functions when its stubs are made; with
+//! [`ArgumentOnlySaves::Everywhere`] every function's do, for code whose
+//! compiler allocated no registers across functions (GCC with
+//! `-fpatchable-function-entry` on the command line, Clang).
+//! ([`register_save`] says which a function got.) Then it calls
 //! [`fprobe::probe::Registry::on_entry_taking_return`]. When that keeps a
 //! frame (some probe has an exit handler to run), the frame, on the
 //! probe layer's per-thread shadow stack, also holds the caller's return
@@ -182,8 +186,8 @@ mod tramp;
 pub use error::Error;
 pub use regs::Regs;
 pub use runtime::{
-    Attached, RegisterSave, allow_argument_only_saves, attach, attach_with_cookies, detach,
-    detach_draining, register_save, registry,
+    ArgumentOnlySaves, Attached, RegisterSave, attach, attach_with_cookies, detach,
+    detach_draining, register_save, registry, set_argument_only_saves,
 };
 pub use sites::{Layout, Site, sites};
 pub use tramp::prepare_thread;

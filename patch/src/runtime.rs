@@ -8,7 +8,7 @@
 //! use it; its entry is patched while that count is above zero.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use fprobe::probe::{Fprobe, ProbeHandle, ProbeStats, Registry};
@@ -235,12 +235,17 @@ impl State {
         // kept: decided once, from their code, before any can be patched.
         // Relaxed: a setting read under the state mutex; a store racing
         // with a first attach applies to it or to the next object.
-        let lean = if ARGUMENT_ONLY.load(Ordering::Relaxed) {
+        let policy = ARGUMENT_ONLY.load(Ordering::Relaxed);
+        let lean = if policy == ArgumentOnlySaves::WhereFunctionsCallOut as u8 {
             clobber::clobbers_all(&module.text, module.code)
         } else {
             Default::default()
         };
-        let with: Vec<(u64, bool)> = fs.iter().map(|f| (*f, lean.contains(f))).collect();
+        let everywhere = policy == ArgumentOnlySaves::Everywhere as u8;
+        let with: Vec<(u64, bool)> = fs
+            .iter()
+            .map(|f| (*f, everywhere || lean.contains(f)))
+            .collect();
         let made = stubs::make(&module.path, module.code, &with, tramp::trampolines())?;
         for ((f, lean), s) in with.into_iter().zip(made) {
             let save = if lean {
@@ -261,42 +266,69 @@ pub enum RegisterSave {
     /// Every caller-saved register: a caller may keep values in those the
     /// function leaves alone.
     All,
-    /// The argument registers at entry and the return registers at exit,
-    /// with [`allow_argument_only_saves`]: the function makes a call its
-    /// compiler cannot see into (through the PLT or a pointer, itself or
-    /// through functions of its object it calls), so no caller keeps a
-    /// value in a caller-saved register across it. The trampolines take 67
-    /// instructions per call instead of 127.
+    /// The argument registers at entry and the return registers at exit
+    /// ([`set_argument_only_saves`]): no caller keeps a value in a
+    /// caller-saved register across a call to the function. The
+    /// trampolines take 67 instructions per call instead of 127.
     ArgumentsOnly,
 }
 
-/// Whether stubs made from now on may save only argument and return
-/// registers ([`allow_argument_only_saves`]).
-static ARGUMENT_ONLY: AtomicBool = AtomicBool::new(false);
+/// Which patched functions' trampolines save only the argument registers
+/// at entry and the return registers at exit
+/// ([`RegisterSave::ArgumentsOnly`]) instead of every caller-saved
+/// register ([`set_argument_only_saves`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ArgumentOnlySaves {
+    /// None (the default).
+    Never = 0,
+    /// Functions that make a call their compiler cannot see into (through
+    /// the PLT or a pointer, themselves or through functions of their
+    /// object they call), found by decoding the object's code: such a
+    /// function clobbers every call-clobbered register as far as its
+    /// callers know.
+    WhereFunctionsCallOut = 1,
+    /// Every function. For objects whose callers never keep values in
+    /// caller-saved registers across calls to patchable functions: built
+    /// by GCC with `-fpatchable-function-entry` on the command line (GCC
+    /// then turns its interprocedural register allocation off, as for
+    /// `-pg`), or by Clang (whose interprocedural register allocation is
+    /// off unless asked for). Not for code whose patchable entries come
+    /// from the `patchable_function_entry` attribute alone: GCC's callers
+    /// may then keep values in registers the callee leaves alone.
+    Everywhere = 2,
+}
 
-/// Lets the trampolines of functions that call out save only the argument
-/// registers at entry and the return registers at exit
-/// ([`RegisterSave::ArgumentsOnly`]), for objects whose stubs are made
-/// afterwards (at the first attach to one of their functions; a stub
-/// never changes). Off by default.
+/// Which stubs made from now on save only argument and return registers
+/// ([`set_argument_only_saves`]).
+static ARGUMENT_ONLY: AtomicU8 = AtomicU8::new(ArgumentOnlySaves::Never as u8);
+
+/// Chooses which functions' trampolines save only the argument registers
+/// at entry and the return registers at exit, for objects whose stubs are
+/// made afterwards (at the first attach to one of their functions; a stub
+/// never changes). [`ArgumentOnlySaves::Never`] by default.
 ///
-/// Sound for code of the SysV calling convention compiled without `-pg`
-/// or `-mfentry` (GCC and Clang, any optimisation, LTO included). Do not
-/// allow it for an object with functions of another convention
-/// (`__attribute__((ms_abi))`, whose callers expect `rsi rdi` and
-/// `xmm6`–`xmm15` kept; Clang's `preserve_most`, `preserve_all`;
-/// `no_caller_saved_registers`), or whose profiling calls the compiler
-/// does not count as calls: their callers would get registers back
-/// changed. Nothing in a binary tells such code apart.
+/// Either of the other policies is sound only for code of the SysV calling
+/// convention compiled without `-pg` or `-mfentry` (GCC and Clang, any
+/// optimisation, LTO included), and [`ArgumentOnlySaves::Everywhere`] only
+/// under the conditions it names. Do not choose one for an object with
+/// functions of another convention (`__attribute__((ms_abi))`, whose
+/// callers expect `rsi rdi` and `xmm6`–`xmm15` kept; Clang's
+/// `preserve_most`, `preserve_all`; `no_caller_saved_registers`), or whose
+/// profiling calls the compiler does not count as calls: their callers
+/// would get registers back changed. Nothing in a binary tells such code
+/// apart.
 ///
 /// # Examples
 ///
 /// ```
-/// fprobe_patch::allow_argument_only_saves(true);
+/// use fprobe_patch::ArgumentOnlySaves;
+///
+/// fprobe_patch::set_argument_only_saves(ArgumentOnlySaves::WhereFunctionsCallOut);
 /// ```
-pub fn allow_argument_only_saves(allow: bool) {
+pub fn set_argument_only_saves(policy: ArgumentOnlySaves) {
     // Relaxed: see `stubs_for`.
-    ARGUMENT_ONLY.store(allow, Ordering::Relaxed);
+    ARGUMENT_ONLY.store(policy as u8, Ordering::Relaxed);
 }
 
 /// What the trampolines of `function` save, once it has been attached

@@ -584,10 +584,12 @@ fn main() {
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let _ = HIT_CACHE.set((entries, std::ffi::c_int::from(percpu)));
-    // SQLite is plain SysV C built without -pg: functions that call out
-    // may keep only their argument and return registers (fprobe-patch's
-    // docs say when that holds).
-    fprobe_patch::allow_argument_only_saves(true);
+    // SQLite is plain SysV C built without -pg, with
+    // -fpatchable-function-entry on the command line (build.rs), which
+    // turns GCC's interprocedural register allocation off (Clang has it
+    // off anyway): every function may keep only its argument and return
+    // registers (fprobe-patch's docs say when that holds).
+    fprobe_patch::set_argument_only_saves(fprobe_patch::ArgumentOnlySaves::Everywhere);
     let handlers = if noop {
         Handlers {
             entry: Some(prof::noop_entry),

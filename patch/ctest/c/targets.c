@@ -70,3 +70,17 @@ T int pt_jumper(int n) {
 
 /* Another layout, refused by the runtime. */
 __attribute__((patchable_function_entry(3, 1))) T int pt_other_layout(int a) { return a * 5; }
+
+/* A hidden leaf (it binds locally, as a static function would) and a
+ * caller with values live across the call, built like the rest of this
+ * file with -fpatchable-function-entry on the command line: GCC then
+ * allocates no registers across functions, so the caller keeps nothing in
+ * caller-saved registers across the call (what an argument-only save of
+ * every function relies on; c/ipa.c is the attribute-only counterpart). */
+__attribute__((noinline, visibility("hidden"))) long pt_cmd_leaf(long a) { return a * 3 + 1; }
+
+T long pt_cmd_caller(long x, long y, long z) {
+    long t = x * y, u = y * z, v = x * z;
+    long r = pt_cmd_leaf(x);
+    return r + t + u + v;
+}

@@ -30,6 +30,8 @@ unsafe extern "C" {
     pub fn pt_other_layout(a: c_int) -> c_int;
     pub fn pt_ipa_leaf(a: c_long) -> c_long;
     pub fn pt_ipa_caller(x: c_long, y: c_long, z: c_long) -> c_long;
+    pub fn pt_cmd_leaf(a: c_long) -> c_long;
+    pub fn pt_cmd_caller(x: c_long, y: c_long, z: c_long) -> c_long;
 }
 
 /// The address of a C function of this crate, by name.
@@ -49,6 +51,7 @@ pub fn addr(name: &str) -> u64 {
         "pt_deep" => pt_deep as *const (),
         "pt_other_layout" => pt_other_layout as *const (),
         "pt_ipa_leaf" => pt_ipa_leaf as *const (),
+        "pt_cmd_leaf" => pt_cmd_leaf as *const (),
         other => panic!("no C function {other}"),
     };
     f as u64

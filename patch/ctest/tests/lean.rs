@@ -17,7 +17,7 @@ use fprobe_patch_ctest::*;
 /// call nothing, keep the full save.
 #[test]
 fn functions_that_call_out_save_only_argument_and_return_registers() {
-    fprobe_patch::allow_argument_only_saves(true);
+    fprobe_patch::set_argument_only_saves(fprobe_patch::ArgumentOnlySaves::WhereFunctionsCallOut);
     extern "C" fn inc(x: std::ffi::c_long) -> std::ffi::c_long {
         x + 1
     }
