@@ -398,6 +398,21 @@ int fprobe_cyg_attach(struct fprobe_registry *r);
 // RCU grace period.
 int fprobe_cyg_detach(void);
 
+// Does now what the first attach to the `n` functions at `functions`
+// would do besides patching: reads the loaded objects, checks every
+// site, makes the stubs of their objects and registers the process for
+// the serialising `membarrier(2)`, so that a later
+// [`fprobe_patch_attach`] to them only registers and patches. Optional.
+//
+// Returns [`FPROBE_E_NULL`] (`functions` NULL with `n > 0`),
+// [`FPROBE_E_NOT_PATCHABLE`] (as for [`fprobe_patch_attach`]; nothing is
+// made then), [`FPROBE_E_OS`]. Thread-safe; not from a handler.
+//
+// # Safety
+//
+// `functions` is NULL or points to `n` readable `u64`s.
+int fprobe_patch_prepare(const uint64_t *functions, size_t n);
+
 // Attaches `probe` to the `n` functions at `functions` (with `cookies[i]`
 // for `functions[i]`, or 0 when `cookies` is NULL) and writes its handle
 // to `*handle_out`. All or nothing: on error no function is patched and

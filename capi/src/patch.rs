@@ -60,6 +60,34 @@ fn patch_code(e: Error) -> c_int {
     }
 }
 
+/// Does now what the first attach to the `n` functions at `functions`
+/// would do besides patching: reads the loaded objects, checks every
+/// site, makes the stubs of their objects and registers the process for
+/// the serialising `membarrier(2)`, so that a later
+/// [`fprobe_patch_attach`] to them only registers and patches. Optional.
+///
+/// Returns [`FPROBE_E_NULL`] (`functions` NULL with `n > 0`),
+/// [`FPROBE_E_NOT_PATCHABLE`] (as for [`fprobe_patch_attach`]; nothing is
+/// made then), [`FPROBE_E_OS`]. Thread-safe; not from a handler.
+///
+/// # Safety
+///
+/// `functions` is NULL or points to `n` readable `u64`s.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fprobe_patch_prepare(functions: *const u64, n: usize) -> c_int {
+    ffi(|| {
+        if n == 0 {
+            return Ok(());
+        }
+        if functions.is_null() {
+            return Err(FPROBE_E_NULL);
+        }
+        // SAFETY: `n` readable values, by the contract.
+        let fs = unsafe { std::slice::from_raw_parts(functions, n) };
+        fprobe_patch::prepare(fs).map_err(patch_code)
+    })
+}
+
 /// Attaches `probe` to the `n` functions at `functions` (with `cookies[i]`
 /// for `functions[i]`, or 0 when `cookies` is NULL) and writes its handle
 /// to `*handle_out`. All or nothing: on error no function is patched and

@@ -187,7 +187,7 @@ pub use error::Error;
 pub use regs::Regs;
 pub use runtime::{
     ArgumentOnlySaves, Attached, RegisterSave, attach, attach_with_cookies, detach,
-    detach_draining, register_save, registry, set_argument_only_saves,
+    detach_draining, prepare, register_save, registry, set_argument_only_saves,
 };
 pub use sites::{Layout, Site, sites};
 pub use tramp::prepare_thread;

@@ -406,6 +406,36 @@ pub fn attach_with_cookies(
     with_cookies.dedup_by_key(|&mut (f, _)| f);
     let functions: Vec<u64> = with_cookies.iter().map(|&(f, _)| f).collect();
     let mut st = state().lock().unwrap_or_else(|p| p.into_inner());
+    ready(&mut st, &functions)?;
+    let handle = registry().register_with_cookies(probe, with_cookies)?;
+    let fresh: Vec<u64> = functions
+        .iter()
+        .copied()
+        .filter(|f| st.functions[f].users == 0)
+        .collect();
+    if let Err(e) = patch(&st, &fresh, true) {
+        registry()
+            .unregister(handle)
+            .expect("registered just above");
+        return Err(e);
+    }
+    let mut copies = Vec::with_capacity(functions.len());
+    for f in &functions {
+        let k = st.functions.get_mut(f).expect("checked");
+        k.users += 1;
+        copies.push(k.copy);
+    }
+    Ok(Attached {
+        handle,
+        functions,
+        copies,
+    })
+}
+
+/// Makes `functions` ready to patch: rescans the loaded objects if one is
+/// unknown or stale, checks every site, and makes the stubs of their
+/// objects that have none yet.
+fn ready(st: &mut State, functions: &[u64]) -> Result<(), Error> {
     // Whether each module is still loaded where it was: asked once, not
     // per function.
     let mut present = ModulesPresent::default();
@@ -415,15 +445,15 @@ pub fn attach_with_cookies(
             !present.check(st, k.module) || unsafe { k.reloaded(f) }
         })
     };
-    if functions.iter().any(|&f| stale(&st, &mut present, f)) {
+    if functions.iter().any(|&f| stale(st, &mut present, f)) {
         st.rescan()?;
         present = ModulesPresent::default();
     }
     // Check every function before changing anything.
     let mut modules = Vec::new();
-    for &f in &functions {
+    for &f in functions {
         let k = st.functions.get(&f).ok_or(Error::NotASite(f))?;
-        if !present.check(&st, k.module) {
+        if !present.check(st, k.module) {
             return Err(Error::NotASite(f));
         }
         if k.layout != Layout::HotPatch {
@@ -454,29 +484,42 @@ pub fn attach_with_cookies(
     for m in modules {
         st.stubs_for(m)?;
     }
-    let handle = registry().register_with_cookies(probe, with_cookies)?;
-    let fresh: Vec<u64> = functions
-        .iter()
-        .copied()
-        .filter(|f| st.functions[f].users == 0)
-        .collect();
-    if let Err(e) = patch(&st, &fresh, true) {
-        registry()
-            .unregister(handle)
-            .expect("registered just above");
-        return Err(e);
-    }
-    let mut copies = Vec::with_capacity(functions.len());
-    for f in &functions {
-        let k = st.functions.get_mut(f).expect("checked");
-        k.users += 1;
-        copies.push(k.copy);
-    }
-    Ok(Attached {
-        handle,
-        functions,
-        copies,
-    })
+    Ok(())
+}
+
+/// Does now what the first attach to `functions` would do besides
+/// patching: reads the loaded objects (their sites, symbols and code),
+/// checks every site, makes the stubs (and, per
+/// [`set_argument_only_saves`], decodes the code) of their objects, and
+/// registers the process for the serialising `membarrier(2)`. A later
+/// [`attach`] to them only registers and patches. Optional; for an
+/// engine that wants the attach itself quick (one that attaches when
+/// asked, not at start).
+///
+/// # Errors
+///
+/// As [`attach`] for the functions' checks and the objects' reading.
+///
+/// # Examples
+///
+/// ```no_run
+/// let sites = fprobe_patch::sites()?;
+/// let functions: Vec<u64> = sites.iter().map(|s| s.function).collect();
+/// fprobe_patch::prepare(&functions)?;
+/// // ... later, quick:
+/// # let probe = fprobe::probe::Fprobe::<fprobe_patch::Regs>::builder().exit(|_| {}).build();
+/// let attached = fprobe_patch::attach(probe, &functions)?;
+/// # Ok::<(), fprobe_patch::Error>(())
+/// ```
+pub fn prepare(functions: &[u64]) -> Result<(), Error> {
+    let mut functions = functions.to_vec();
+    functions.sort_unstable();
+    functions.dedup();
+    let mut st = state().lock().unwrap_or_else(|p| p.into_inner());
+    ready(&mut st, &functions)?;
+    // The membarrier registration a first patch would make.
+    text::sync_core_registered();
+    Ok(())
 }
 
 /// Detaches a probe after draining it: stops its entries, waits up to

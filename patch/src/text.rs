@@ -125,8 +125,10 @@ pub(crate) unsafe fn store(at: u64, bytes: &[u8]) {
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE: libc::c_long = 1 << 5;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE: libc::c_long = 1 << 6;
 
-/// Whether this process is registered for the sync-core membarrier.
-fn sync_core_registered() -> bool {
+/// Whether this process is registered for the sync-core membarrier
+/// (registering, the first time, waits for a grace period of the kernel's
+/// when the process has several threads: milliseconds).
+pub(crate) fn sync_core_registered() -> bool {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
     *REGISTERED.get_or_init(|| {
         // SAFETY: membarrier takes no pointers.

@@ -79,8 +79,22 @@ fn c_handlers_attached_at_run_time_see_arguments_and_return_values() {
     unsafe { pt_add(1, 1) };
     assert_eq!(EXIT_SUM.load(Ordering::Relaxed), 135);
 
+    // Preparing: done once, refused like an attach.
+    let fs = [addr("pt_add"), addr("pt_fadd")];
+    // SAFETY: two readable values; NULL with none.
+    unsafe {
+        assert_eq!(fprobe_patch_prepare(fs.as_ptr(), 2), FPROBE_OK);
+        assert_eq!(fprobe_patch_prepare(std::ptr::null(), 0), FPROBE_OK);
+        assert_eq!(fprobe_patch_prepare(std::ptr::null(), 1), FPROBE_E_NULL);
+    }
+
     // Refusals change nothing and keep `user` with the caller.
     let other = addr("pt_other_layout");
+    // SAFETY: one readable value.
+    assert_eq!(
+        unsafe { fprobe_patch_prepare(&other, 1) },
+        FPROBE_E_NOT_PATCHABLE
+    );
     // SAFETY: as above.
     let rc = unsafe { fprobe_patch_attach(&probe, &other, std::ptr::null(), 1, &mut h) };
     assert_eq!(rc, FPROBE_E_NOT_PATCHABLE);

@@ -212,6 +212,18 @@ fn bad_targets_are_refused_and_change_nothing() {
     assert_eq!(bytes(addr("pt_add")), before);
     assert_eq!(fprobe_patch::registry().addresses(), 0);
     assert_eq!(unsafe { pt_other_layout(3) }, 15);
+    // Preparing checks the same, and patches nothing either way.
+    assert!(matches!(
+        fprobe_patch::prepare(&[addr("pt_add"), main_fn]),
+        Err(Error::NotASite(f)) if f == main_fn
+    ));
+    fprobe_patch::prepare(&[addr("pt_add"), addr("pt_fadd")]).unwrap();
+    assert_eq!(bytes(addr("pt_add")), before);
+    assert_eq!(fprobe_patch::registry().addresses(), 0);
+    let a = attach(counting(&n), &[addr("pt_add")]).unwrap();
+    assert_eq!(unsafe { pt_add(2, 3) }, 5);
+    detach(a).unwrap();
+    assert_eq!(n.load(Ordering::Relaxed), 1);
 }
 
 #[inline(never)]
