@@ -512,11 +512,8 @@ fn ready(st: &mut State, functions: &[u64]) -> Result<(), Error> {
 /// # Ok::<(), fprobe_patch::Error>(())
 /// ```
 pub fn prepare(functions: &[u64]) -> Result<(), Error> {
-    let mut functions = functions.to_vec();
-    functions.sort_unstable();
-    functions.dedup();
     let mut st = state().lock().unwrap_or_else(|p| p.into_inner());
-    ready(&mut st, &functions)?;
+    ready(&mut st, functions)?;
     // The membarrier registration a first patch would make.
     text::sync_core_registered();
     Ok(())
