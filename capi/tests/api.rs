@@ -84,6 +84,19 @@ fn probe_for(c: &Arc<Counts>) -> fprobe_probe {
     }
 }
 
+/// A fresh registry with [`probe_for`]'s probe registered at `addr`: the
+/// registry, the probe's counts and its handle.
+fn registry_with_probe_at(addr: u64) -> (*mut fprobe_registry, Arc<Counts>, u64) {
+    let r = new_registry();
+    let c = counts();
+    let p = probe_for(&c);
+    let mut h = 0;
+    // SAFETY: a live registry, a valid probe and one address.
+    let rc = unsafe { fprobe_register(r, &p, &addr, null(), 1, &mut h) };
+    assert_eq!(rc, FPROBE_OK);
+    (r, c, h)
+}
+
 #[test]
 fn null_pointers_are_errors() {
     // SAFETY: every call below is a documented bad-input path.
@@ -273,14 +286,7 @@ fn dispatch_enable_disable_stats_and_nested_unregister() {
 fn returns_taken_over_through_the_c_abi() {
     // SAFETY: valid arguments, and documented bad-input paths.
     unsafe {
-        let r = new_registry();
-        let c = counts();
-        let p = probe_for(&c);
-        let mut h = 0;
-        assert_eq!(
-            fprobe_register(r, &p, [0x1000u64].as_ptr(), null(), 1, &mut h),
-            FPROBE_OK
-        );
+        let (r, c, _) = registry_with_probe_at(0x1000);
         let mut kept = 9;
         let mut ret = 0u64;
         assert_eq!(
@@ -414,14 +420,7 @@ fn runtime_never_left_attached_to_a_destroyed_registry() {
 fn drain_waits_for_calls_in_flight() {
     // SAFETY: valid arguments; the registry outlives the scoped thread.
     unsafe {
-        let r = new_registry();
-        let c = counts();
-        let p = probe_for(&c);
-        let mut h = 0;
-        assert_eq!(
-            fprobe_register(r, &p, [0x1000u64].as_ptr(), null(), 1, &mut h),
-            FPROBE_OK
-        );
+        let (r, c, h) = registry_with_probe_at(0x1000);
         let shared = Shared(r);
         let (entered, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
         let (e, rl) = (&entered, &release);

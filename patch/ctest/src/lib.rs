@@ -56,3 +56,41 @@ pub fn addr(name: &str) -> u64 {
     };
     f as u64
 }
+
+/// What [`arg_logging_probe`] logs per exit: the function, integer
+/// argument `arg`, the first floating-point argument, and the integer and
+/// floating-point return values.
+pub type ArgLog = std::sync::Arc<std::sync::Mutex<Vec<(u64, u64, f64, u64, f64)>>>;
+
+/// A probe whose entry keeps integer argument `arg` and the first
+/// floating-point argument as 16 bytes of per-call data and whose exit
+/// logs them with the return values.
+pub fn arg_logging_probe(arg: usize) -> (fprobe::probe::Fprobe<fprobe_patch::Regs>, ArgLog) {
+    let log = ArgLog::default();
+    let l = log.clone();
+    let probe = fprobe::probe::Fprobe::<fprobe_patch::Regs>::builder()
+        .data_size(16)
+        .entry(move |e| {
+            e.data[..8].copy_from_slice(&e.ctx.arg(arg).to_ne_bytes());
+            e.data[8..].copy_from_slice(&e.ctx.float_arg(0).to_ne_bytes());
+            fprobe::probe::EntryAction::Continue
+        })
+        .exit(move |x| {
+            let a = u64::from_ne_bytes(x.data[..8].try_into().unwrap());
+            let f = f64::from_ne_bytes(x.data[8..].try_into().unwrap());
+            l.lock()
+                .unwrap()
+                .push((x.addr, a, f, x.ctx.ret(), x.ctx.float_ret()));
+        })
+        .build();
+    (probe, log)
+}
+
+/// The first entry of `log` for the C function `name`.
+pub fn logged(log: &ArgLog, name: &str) -> (u64, u64, f64, u64, f64) {
+    *log.lock()
+        .unwrap()
+        .iter()
+        .find(|s| s.0 == addr(name))
+        .unwrap_or_else(|| panic!("{name} not seen"))
+}

@@ -7,10 +7,8 @@
 //! the attribute only, is the case this policy must not be chosen for.
 
 use std::hint::black_box;
-use std::sync::{Arc, Mutex};
 
-use fprobe::probe::{EntryAction, Fprobe};
-use fprobe_patch::{ArgumentOnlySaves, RegisterSave, Regs, attach, detach, register_save};
+use fprobe_patch::{ArgumentOnlySaves, RegisterSave, attach, detach, register_save};
 use fprobe_patch_ctest::*;
 
 /// Leaves and callers alike get the argument-only save; arguments, return
@@ -21,23 +19,7 @@ use fprobe_patch_ctest::*;
 #[test]
 fn every_function_saves_only_argument_and_return_registers() {
     fprobe_patch::set_argument_only_saves(ArgumentOnlySaves::Everywhere);
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let s2 = seen.clone();
-    let probe = Fprobe::<Regs>::builder()
-        .data_size(16)
-        .entry(|e| {
-            e.data[..8].copy_from_slice(&e.ctx.arg(0).to_ne_bytes());
-            e.data[8..].copy_from_slice(&e.ctx.float_arg(0).to_ne_bytes());
-            EntryAction::Continue
-        })
-        .exit(move |x| {
-            let arg0 = u64::from_ne_bytes(x.data[..8].try_into().unwrap());
-            let farg0 = f64::from_ne_bytes(x.data[8..].try_into().unwrap());
-            s2.lock()
-                .unwrap()
-                .push((x.addr, arg0, farg0, x.ctx.ret(), x.ctx.float_ret()));
-        })
-        .build();
+    let (probe, seen) = arg_logging_probe(0);
     let names = [
         "pt_add",
         "pt_cmd_leaf",
@@ -69,19 +51,18 @@ fn every_function_saves_only_argument_and_return_registers() {
     detach(a).unwrap();
     assert_eq!(r_cmd, (3 * x + 1) + x * y + y * z + x * z);
     assert_eq!((r_loop, r_fib, r_mix, r_sum), (5050, 55, 1.75, 91));
-    let seen = seen.lock().unwrap();
-    let of = |n: &str| {
-        *seen
-            .iter()
-            .find(|s| s.0 == addr(n))
-            .unwrap_or_else(|| panic!("{n} not seen"))
-    };
+    let of = |n: &str| logged(&seen, n);
     let (_, arg0, _, ret, _) = of("pt_cmd_leaf");
     assert_eq!((arg0, ret), (3, 10));
     let (_, _, farg0, _, fret) = of("pt_mix");
     assert_eq!((farg0, fret), (0.5, 1.75));
     let (_, arg0, _, ret, _) = of("pt_sum6");
     assert_eq!((arg0, ret), (1, 91));
-    let loops = seen.iter().filter(|s| s.0 == addr("pt_add")).count();
+    let loops = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.0 == addr("pt_add"))
+        .count();
     assert_eq!(loops, 100, "every pt_add call of the loop");
 }

@@ -2,10 +2,8 @@
 //! in this process (its own test binary: a stub never changes once made).
 
 use std::hint::black_box;
-use std::sync::{Arc, Mutex};
 
-use fprobe::probe::{EntryAction, Fprobe};
-use fprobe_patch::{RegisterSave, Regs, attach, detach, register_save};
+use fprobe_patch::{RegisterSave, attach, detach, register_save};
 use fprobe_patch_ctest::*;
 
 /// With argument-only saves allowed, a function that calls out (through a
@@ -24,23 +22,7 @@ fn functions_that_call_out_save_only_argument_and_return_registers() {
     extern "C" fn half(x: f64) -> f64 {
         x / 2.0
     }
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let s2 = seen.clone();
-    let probe = Fprobe::<Regs>::builder()
-        .data_size(16)
-        .entry(|e| {
-            e.data[..8].copy_from_slice(&e.ctx.arg(1).to_ne_bytes());
-            e.data[8..].copy_from_slice(&e.ctx.float_arg(0).to_ne_bytes());
-            EntryAction::Continue
-        })
-        .exit(move |x| {
-            let arg1 = u64::from_ne_bytes(x.data[..8].try_into().unwrap());
-            let farg0 = f64::from_ne_bytes(x.data[8..].try_into().unwrap());
-            s2.lock()
-                .unwrap()
-                .push((x.addr, arg1, farg0, x.ctx.ret(), x.ctx.float_ret()));
-        })
-        .build();
+    let (probe, seen) = arg_logging_probe(1);
     let lean = ["pt_call", "pt_fcall", "pt_jumper"];
     let full = ["pt_add", "pt_ipa_leaf", "pt_loop", "pt_fib", "pt_mix"];
     let fs: Vec<u64> = lean.iter().chain(&full).map(|n| addr(n)).collect();
@@ -62,13 +44,7 @@ fn functions_that_call_out_save_only_argument_and_return_registers() {
     detach(a).unwrap();
     assert_eq!((r_call, r_fcall, r_mix), (43, 5.0, 1.75));
     assert_eq!(r_jump, unsafe { pt_jumper(3) }, "the same result unprobed");
-    let seen = seen.lock().unwrap();
-    let of = |n: &str| {
-        *seen
-            .iter()
-            .find(|s| s.0 == addr(n))
-            .unwrap_or_else(|| panic!("{n} not seen"))
-    };
+    let of = |n: &str| logged(&seen, n);
     let (_, arg1, _, ret, _) = of("pt_call");
     assert_eq!((arg1, ret), (41, 43));
     let (_, _, farg0, _, fret) = of("pt_fcall");
