@@ -16,16 +16,18 @@ use super::def::{EntryAction, EntryContext, ExitContext};
 use super::recursion::{self, Entered};
 use super::registry::{Attach, Registry, state};
 use super::shadow::{HEADER, RETURN_WORDS, ShadowStack, TAKES_RETURN};
-use super::stats::Counter;
+use super::stats::{Counter, CounterView};
 use crate::rcu;
 use crate::sync::Ordering;
 
-/// Counts `which` for the probe of attachment `a` on this thread.
+/// Counts `which` for the probe of attachment `a` on this thread
+/// (`counters`: the view of the thread's counters for the registry).
 #[inline(always)]
-fn count(local: &ShadowStack, a: &Attach, which: Counter) {
+fn count(counters: CounterView, a: &Attach, which: Counter) {
     // SAFETY: `a.slot` is below the registry's slot count (`Attach`
-    // invariant), which every thread's counters are made for.
-    unsafe { local.counters.bump(a.slot, which) }
+    // invariant), which every thread's counters are made for; the
+    // dispatch holds the thread's state, which owns them.
+    unsafe { counters.bump(a.slot, which) }
 }
 
 impl<C: Send + Sync + 'static> Registry<C> {
@@ -127,14 +129,27 @@ impl<C: Send + Sync + 'static> Registry<C> {
         } else {
             match recursion::enter() {
                 Entered::Run(level) => {
-                    let kept =
-                        self.entry_frame::<MARK, RET>(local, attached, addr, ret_addr, sp, ctx);
+                    // One probe at the address, the usual case: the same
+                    // code on a slice of known length, its loops unrolled.
+                    let kept = match attached {
+                        [a] => self.entry_frame::<MARK, RET>(
+                            local,
+                            std::slice::from_ref(a),
+                            addr,
+                            ret_addr,
+                            sp,
+                            ctx,
+                        ),
+                        _ => {
+                            self.entry_frame::<MARK, RET>(local, attached, addr, ret_addr, sp, ctx)
+                        }
+                    };
                     drop(level);
                     Some(kept)
                 }
                 Entered::Recursion => {
                     for a in attached {
-                        count(local, a, Counter::Recursion);
+                        count(local.counters.view(), a, Counter::Recursion);
                     }
                     None
                 }
@@ -161,6 +176,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         sp: u64,
         ctx: &C,
     ) -> bool {
+        let (w, counters) = (local.words(), local.counters.view());
         let header = if RET { HEADER + RETURN_WORDS } else { HEADER };
         let need = header
             + match attached {
@@ -182,7 +198,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             let s = slot.state.load(Ordering::Acquire);
             if s != state(a.generation, true) {
                 if s == state(a.generation, false) {
-                    count(local, a, Counter::Disabled);
+                    count(counters, a, Counter::Disabled);
                 }
                 continue; // disabled, or being unregistered
             }
@@ -194,12 +210,17 @@ impl<C: Send + Sync + 'static> Registry<C> {
             let Some(p) = (unsafe { p.as_ref() }) else {
                 continue;
             };
-            count(local, a, Counter::Hits);
+            // One count per hit: `Kept` for a hit that gets a return entry
+            // (it ends in `Exits` or `Unrun`), `Hits` for the others.
             let keep = match base {
-                Some(base) if a.frame_words > 0 => Some(base + used),
+                Some(base) if a.frame_words > 0 => {
+                    count(counters, a, Counter::Kept);
+                    Some(base + used)
+                }
                 _ => {
+                    count(counters, a, Counter::Hits);
                     if a.frame_words > 0 {
-                        count(local, a, Counter::Depth);
+                        count(counters, a, Counter::Depth);
                     }
                     None
                 }
@@ -210,7 +231,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                         // SAFETY: `frame_words` covers the data words; the
                         // words lie in our reservation, which nothing else
                         // references until the frame is pushed.
-                        Some(at) => unsafe { local.data_mut(at, p.data_size) },
+                        Some(at) => unsafe { w.data_mut(at, p.data_size) },
                         None => &mut [],
                     };
                     let mut ec = EntryContext {
@@ -221,38 +242,43 @@ impl<C: Send + Sync + 'static> Registry<C> {
                         data,
                     };
                     catch_unwind(AssertUnwindSafe(|| entry(&mut ec))).unwrap_or_else(|_| {
-                        count(local, a, Counter::Panics);
+                        count(counters, a, Counter::Panics);
                         EntryAction::SkipExit
                     })
                 }
                 None => EntryAction::Continue,
             };
-            if let (Some(at), EntryAction::Continue) = (keep, action) {
-                let dw = a.frame_words as usize - 3;
-                local.write(at + dw, a.cookie);
-                local.write(at + dw + 1, a.generation);
-                local.write(at + dw + 2, u64::from(a.slot) | (dw as u64) << 32);
-                count(local, a, Counter::Kept);
-                used += a.frame_words as usize;
-                n += 1;
+            match (keep, action) {
+                (Some(at), EntryAction::Continue) => {
+                    let dw = a.frame_words as usize - 3;
+                    w.write(at + dw, a.cookie);
+                    w.write(at + dw + 1, a.generation);
+                    w.write(at + dw + 2, u64::from(a.slot) | (dw as u64) << 32);
+                    used += a.frame_words as usize;
+                    n += 1;
+                }
+                // The entry handler skipped the exit (or panicked): the
+                // return entry ends here, its exit unrun.
+                (Some(_), EntryAction::SkipExit) => count(counters, a, Counter::Unrun),
+                (None, _) => {}
             }
         }
         match base {
             Some(base) if n > 0 => {
                 let mut h = base + used;
                 if RET {
-                    local.write(h, ret_addr);
-                    local.write(h + 1, sp);
+                    w.write(h, ret_addr);
+                    w.write(h + 1, sp);
                     h += RETURN_WORDS;
                 }
-                local.write(h, addr);
-                local.write(h + 1, if RET { n | TAKES_RETURN } else { n });
+                w.write(h, addr);
+                w.write(h + 1, if RET { n | TAKES_RETURN } else { n });
                 local.commit(base, used + header);
                 true
             }
             Some(base) if MARK => {
                 // Reserved, nothing kept: the frame shrinks to a marker.
-                local.write(base, 0);
+                w.write(base, 0);
                 local.commit(base, 1);
                 false
             }
@@ -366,12 +392,13 @@ impl<C: Send + Sync + 'static> Registry<C> {
         ret_addr: u64,
         ctx: &C,
     ) -> usize {
+        let (w, counters) = (local.words(), local.counters.view());
         // A plain frame's top word has no flag to clear (`pop` saw to it).
         let n = match RET {
-            true => local.read(top - 1) & !TAKES_RETURN,
-            false => local.read(top - 1),
+            true => w.read(top - 1) & !TAKES_RETURN,
+            false => w.read(top - 1),
         };
-        let addr = local.read(top - 2);
+        let addr = w.read(top - 2);
         let mut p = if RET {
             top - HEADER - RETURN_WORDS
         } else {
@@ -379,9 +406,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         let entered = recursion::enter();
         for _ in 0..n {
-            let meta = local.read(p - 1);
-            let generation = local.read(p - 2);
-            let cookie = local.read(p - 3);
+            let meta = w.read(p - 1);
+            let generation = w.read(p - 2);
+            let cookie = w.read(p - 3);
             let (slot_idx, dw) = (meta as u32, (meta >> 32) as usize);
             let data_at = p - 3 - dw;
             p = data_at;
@@ -399,7 +426,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 // SAFETY: `slot_idx` indexes `self.slots` (checked above),
                 // and every thread's counters cover its length (so for the
                 // bumps below).
-                unsafe { local.counters.bump(slot_idx, Counter::Unrun) }
+                unsafe { counters.bump(slot_idx, Counter::Unrun) }
             };
             if !RUN {
                 unrun();
@@ -409,7 +436,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 Entered::Run(_) => {}
                 Entered::Recursion => {
                     // SAFETY: as above.
-                    unsafe { local.counters.bump(slot_idx, Counter::Recursion) };
+                    unsafe { counters.bump(slot_idx, Counter::Recursion) };
                     unrun();
                     continue;
                 }
@@ -432,7 +459,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             };
             // SAFETY: the data words of this return entry, below `top`
             // (which covers them until `release`), written by the entry.
-            let data = unsafe { local.data(data_at, fp.data_size.min(dw * 8)) };
+            let data = unsafe { w.data(data_at, fp.data_size.min(dw * 8)) };
             let xc = ExitContext {
                 addr,
                 ret_addr,
@@ -442,10 +469,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
             };
             match catch_unwind(AssertUnwindSafe(|| exit(&xc))) {
                 // SAFETY: as above.
-                Ok(()) => unsafe { local.counters.bump(slot_idx, Counter::Exits) },
+                Ok(()) => unsafe { counters.bump(slot_idx, Counter::Exits) },
                 Err(_) => {
                     // SAFETY: as above.
-                    unsafe { local.counters.bump(slot_idx, Counter::Panics) };
+                    unsafe { counters.bump(slot_idx, Counter::Panics) };
                     unrun();
                 }
             }

@@ -242,41 +242,25 @@ impl ShadowStack {
     /// Word `i` (below `top`).
     #[inline(always)]
     pub(super) fn read(&self, i: usize) -> u64 {
-        debug_assert!(i < self.cap);
-        // SAFETY: `i < cap`; owner-only memory, no reference to it lives.
-        unsafe { self.stack.as_ptr().add(i).read() }
+        self.words().read(i)
     }
 
     /// Writes word `i` (reserved by the caller).
     #[inline(always)]
     pub(super) fn write(&self, i: usize, v: u64) {
-        debug_assert!(i < self.cap);
-        // SAFETY: as in `read`.
-        unsafe { self.stack.as_ptr().add(i).write(v) }
+        self.words().write(i, v);
     }
 
-    /// `len` bytes from word `i` as per-call data, for an entry handler.
-    ///
-    /// # Safety
-    ///
-    /// Words `i .. i + ceil(len / 8)` are reserved by the caller's frame
-    /// and nothing else references them while the slice lives.
+    /// The stack's words, for a dispatch to keep in a register: accesses
+    /// through it need not reload the stack's address after each compiler
+    /// fence or counter increment.
     #[inline(always)]
-    pub(super) unsafe fn data_mut<'a>(&self, i: usize, len: usize) -> &'a mut [u8] {
-        debug_assert!(i * 8 + len <= self.cap * 8);
-        // SAFETY: in bounds and unaliased, by the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.stack.as_ptr().add(i).cast::<u8>(), len) }
-    }
-
-    /// As [`data_mut`](Self::data_mut), shared, for an exit handler.
-    ///
-    /// # Safety
-    ///
-    /// As [`data_mut`](Self::data_mut).
-    #[inline(always)]
-    pub(super) unsafe fn data<'a>(&self, i: usize, len: usize) -> &'a [u8] {
-        // SAFETY: as in `data_mut`.
-        unsafe { self.data_mut(i, len) }
+    pub(super) fn words(&self) -> Words {
+        Words {
+            stack: self.stack,
+            #[cfg(debug_assertions)]
+            cap: self.cap,
+        }
     }
 
     /// Pops a plain exit: `Some(top)` when the top frame is a full frame
@@ -323,5 +307,60 @@ impl ShadowStack {
     pub(super) fn release(&self, base: usize) {
         compiler_fence(Ordering::SeqCst);
         self.top.set(base);
+    }
+}
+
+/// The words of one thread's stack ([`ShadowStack::words`]): owner-only
+/// memory, so the owner may read and write any word below `cap`.
+#[derive(Clone, Copy)]
+pub(super) struct Words {
+    stack: NonNull<u64>,
+    #[cfg(debug_assertions)]
+    cap: usize,
+}
+
+impl Words {
+    /// Word `i` (below `top`).
+    #[inline(always)]
+    pub(super) fn read(self, i: usize) -> u64 {
+        #[cfg(debug_assertions)]
+        debug_assert!(i < self.cap);
+        // SAFETY: `i < cap` (the callers index below `top` or their own
+        // reservation); owner-only memory, no reference to it lives.
+        unsafe { self.stack.as_ptr().add(i).read() }
+    }
+
+    /// Writes word `i` (reserved by the caller).
+    #[inline(always)]
+    pub(super) fn write(self, i: usize, v: u64) {
+        #[cfg(debug_assertions)]
+        debug_assert!(i < self.cap);
+        // SAFETY: as in `read`.
+        unsafe { self.stack.as_ptr().add(i).write(v) }
+    }
+
+    /// `len` bytes from word `i` as per-call data, for an entry handler.
+    ///
+    /// # Safety
+    ///
+    /// Words `i .. i + ceil(len / 8)` are reserved by the caller's frame
+    /// and nothing else references them while the slice lives.
+    #[inline(always)]
+    pub(super) unsafe fn data_mut<'a>(self, i: usize, len: usize) -> &'a mut [u8] {
+        #[cfg(debug_assertions)]
+        debug_assert!(i * 8 + len <= self.cap * 8);
+        // SAFETY: in bounds and unaliased, by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.stack.as_ptr().add(i).cast::<u8>(), len) }
+    }
+
+    /// As [`data_mut`](Self::data_mut), shared, for an exit handler.
+    ///
+    /// # Safety
+    ///
+    /// As [`data_mut`](Self::data_mut).
+    #[inline(always)]
+    pub(super) unsafe fn data<'a>(self, i: usize, len: usize) -> &'a [u8] {
+        // SAFETY: as in `data_mut`.
+        unsafe { self.data_mut(i, len) }
     }
 }

@@ -58,14 +58,17 @@ pub struct ProbeStats {
 }
 
 /// Which counter of a probe slot. A call bumps them in order of its life:
-/// `Hits`, then `Kept` at its entry, then the exit side's at its return.
+/// `Hits` or `Kept` at its entry, then the exit side's at its return.
 /// [`Counters::add_to`] loads them from last to first and relies on that
 /// order.
 #[derive(Clone, Copy)]
 pub(super) enum Counter {
-    /// The entry ran the probe.
+    /// The entry ran the probe and kept no return entry for it (the
+    /// probe's hits are `Hits + Kept`: one count per hit).
     Hits,
-    /// The entry kept a return entry for the probe's exit handler.
+    /// The entry ran the probe with a return entry for its exit handler,
+    /// counted before the entry handler runs; the entry ends in exactly
+    /// one of `Exits` and `Unrun`.
     Kept,
     /// A kept exit handler ran and returned.
     Exits,
@@ -73,7 +76,8 @@ pub(super) enum Counter {
     Depth,
     Disabled,
     Panics,
-    /// A kept return entry that ran no exit handler to completion (it
+    /// A kept return entry that ran no exit handler to completion (its
+    /// entry handler skipped the exit or panicked, the exit handler
     /// panicked, was refused as recursion, the thread was ignored, or the
     /// frame was forgotten). Each kept entry ends in exactly one of
     /// `Exits` and `Unrun` while its probe stays registered.
@@ -91,7 +95,7 @@ impl ProbeStats {
     pub(super) fn from_sums(now: &Sums, base: &Sums) -> Self {
         let c = |k: Counter| now[k as usize] - base[k as usize];
         Self {
-            hits: c(Counter::Hits),
+            hits: c(Counter::Hits) + c(Counter::Kept),
             exits: c(Counter::Exits),
             missed: Missed {
                 recursion: c(Counter::Recursion),
@@ -122,6 +126,13 @@ impl Counters {
         Self((0..slots * NCOUNTERS).map(|_| AtomicU64::new(0)).collect())
     }
 
+    /// The counters' memory, for a dispatch to keep in a register
+    /// ([`CounterView::bump`]).
+    #[inline(always)]
+    pub(super) fn view(&self) -> CounterView {
+        CounterView(self.0.as_ptr())
+    }
+
     /// Adds one to a counter of `slot`: owner only.
     ///
     /// A signal handler that interrupts the increment and increments the
@@ -137,10 +148,45 @@ impl Counters {
     /// bounds check: this runs on every hit).
     #[inline(always)]
     pub(super) unsafe fn bump(&self, slot: u32, which: Counter) {
+        debug_assert!(slot as usize * NCOUNTERS + (which as usize) < self.0.len());
+        // SAFETY: forwarded contract.
+        unsafe { self.view().bump(slot, which) }
+    }
+
+    /// Adds this thread's counters of `slot` to `sums`.
+    ///
+    /// The loads are not one snapshot: the owner keeps counting between
+    /// them. They run from the last counter to the first, so a count
+    /// bumped later in a call's life ([`Counter::Exits`]) is loaded before
+    /// one bumped earlier ([`Counter::Hits`]): a reader never sees more
+    /// exits than hits.
+    pub(super) fn add_to(&self, slot: u32, sums: &mut Sums) {
+        let base = slot as usize * NCOUNTERS;
+        for (i, s) in sums.iter_mut().enumerate().rev() {
+            // Acquire: pairs with the Release of `bump`; the counts loaded
+            // after this one (lower indices) are at least those bumped
+            // before the count seen here.
+            *s += self.0[base + i].load(Ordering::Acquire);
+        }
+    }
+}
+
+/// One thread's counters ([`Counters::view`]), by address.
+#[derive(Clone, Copy)]
+pub(super) struct CounterView(*const AtomicU64);
+
+impl CounterView {
+    /// [`Counters::bump`] through the view.
+    ///
+    /// # Safety
+    ///
+    /// As [`Counters::bump`], and the counters outlive the call.
+    #[inline(always)]
+    pub(super) unsafe fn bump(self, slot: u32, which: Counter) {
         let i = slot as usize * NCOUNTERS + which as usize;
-        debug_assert!(i < self.0.len());
-        // SAFETY: `i` is in bounds by the caller's contract.
-        let c = unsafe { self.0.get_unchecked(i) };
+        // SAFETY: `i` is in bounds and the counters live, by the caller's
+        // contract.
+        let c = unsafe { &*self.0.add(i) };
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         // SAFETY: `c` is a valid, aligned `u64` owned by this allocation;
         // the instruction reads and writes those 8 bytes only. Other
@@ -160,22 +206,5 @@ impl Counters {
         // reordered with earlier stores).
         #[cfg(not(all(target_arch = "x86_64", not(miri))))]
         c.fetch_add(1, Ordering::Release);
-    }
-
-    /// Adds this thread's counters of `slot` to `sums`.
-    ///
-    /// The loads are not one snapshot: the owner keeps counting between
-    /// them. They run from the last counter to the first, so a count
-    /// bumped later in a call's life ([`Counter::Exits`]) is loaded before
-    /// one bumped earlier ([`Counter::Hits`]): a reader never sees more
-    /// exits than hits.
-    pub(super) fn add_to(&self, slot: u32, sums: &mut Sums) {
-        let base = slot as usize * NCOUNTERS;
-        for (i, s) in sums.iter_mut().enumerate().rev() {
-            // Acquire: pairs with the Release of `bump`; the counts loaded
-            // after this one (lower indices) are at least those bumped
-            // before the count seen here.
-            *s += self.0[base + i].load(Ordering::Acquire);
-        }
     }
 }
