@@ -853,3 +853,86 @@ fn drain_waits_for_calls_in_flight() {
     reg.unregister(h).unwrap();
     assert!(matches!(reg.drain(h, Duration::ZERO), Err(Error::NotFound)));
 }
+
+/// The engine context C handlers are given: the address of this value.
+struct CCtx(u64);
+
+// SAFETY: `ByAddress` makes no claim on the layout.
+unsafe impl fprobe::probe::CEngineCtx for CCtx {
+    const REPR: fprobe::probe::CEngineRepr = fprobe::probe::CEngineRepr::ByAddress;
+}
+
+/// What the C handlers below saw, by call: (addr, cookie, engine value,
+/// data the exit got).
+type CLog = Mutex<Vec<(u64, u64, u64, u64)>>;
+
+unsafe extern "C" fn c_entry(
+    _user: *mut std::ffi::c_void,
+    ctx: *mut fprobe::probe::CEntryContext,
+) -> std::ffi::c_int {
+    // SAFETY: dispatch passes a valid context for the call.
+    let c = unsafe { &mut *ctx };
+    assert_eq!(c.data_size, 8);
+    // SAFETY: `data_size` writable bytes at `data`.
+    unsafe { c.data.cast::<u64>().write_unaligned(c.addr ^ c.cookie) };
+    // Calls on odd cookies skip their exit.
+    if c.cookie % 2 == 1 {
+        fprobe::probe::C_SKIP_EXIT
+    } else {
+        0
+    }
+}
+
+unsafe extern "C" fn c_exit(user: *mut std::ffi::c_void, ctx: *const fprobe::probe::CExitContext) {
+    // SAFETY: `user` is the test's `CLog`, alive while the probe is; the
+    // context is valid for the call.
+    let (log, c) = unsafe { (&*user.cast::<CLog>(), &*ctx) };
+    // SAFETY: the engine context is a `CCtx` (`CEngineCtx` above), and
+    // `data_size` bytes lie at `data`.
+    let (engine, data) = unsafe {
+        (
+            (*c.engine_ctx.cast::<CCtx>()).0,
+            c.data.cast::<u64>().read_unaligned(),
+        )
+    };
+    assert_eq!(c.data_size, 8);
+    log.lock().unwrap().push((c.addr, c.cookie, engine, data));
+}
+
+#[test]
+fn c_handlers_see_their_contexts_and_data_and_the_owned_value_outlives_them() {
+    static LOG: CLog = Mutex::new(Vec::new());
+    let dropped = Arc::new(AtomicBool::new(false));
+    struct SetOnDrop(Arc<AtomicBool>);
+    impl Drop for SetOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let registry = Registry::<CCtx>::builder().build().unwrap();
+    let user = (&raw const LOG).cast_mut().cast();
+    // SAFETY: both functions take any thread; `user` is a static.
+    let probe = unsafe {
+        Fprobe::<CCtx>::builder()
+            .data_size(8)
+            .entry_c(c_entry, user)
+            .exit_c(c_exit, user)
+    }
+    .owns(SetOnDrop(dropped.clone()))
+    .build();
+    let h = registry
+        .register_with_cookies(probe, [(0x1000, 4), (0x2000, 7)])
+        .unwrap();
+    registry.on_entry(0x1000, 0x10, &CCtx(11));
+    registry.on_entry(0x2000, 0x20, &CCtx(12));
+    registry.on_exit(0x20, &CCtx(13));
+    registry.on_exit(0x10, &CCtx(14));
+    // Only the even cookie's exit ran, with the entry's data and the
+    // exit's own engine context.
+    assert_eq!(*LOG.lock().unwrap(), [(0x1000, 4, 14, 0x1000 ^ 4)]);
+    let s = registry.stats(h).unwrap();
+    assert_eq!((s.hits, s.exits, s.in_flight), (2, 1, 0));
+    assert!(!dropped.load(Ordering::SeqCst));
+    registry.unregister(h).unwrap();
+    assert!(dropped.load(Ordering::SeqCst), "dropped with the probe");
+}

@@ -59,7 +59,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use fprobe::Error;
-use fprobe::probe::{EntryAction, Fprobe, ProbeHandle, Registry};
+use fprobe::probe::{
+    C_SKIP_EXIT, CEngineCtx, CEngineRepr, CEntryContext, CEntryFn, CExitContext, CExitFn, Fprobe,
+    ProbeHandle, Registry,
+};
 use fprobe::rcu;
 
 #[cfg(feature = "cyg")]
@@ -116,6 +119,7 @@ const DEAD: u64 = 0x6670_726f_6265_4444;
 
 /// The engine's context pointer, passed through to handlers untouched.
 #[derive(Clone, Copy)]
+#[repr(transparent)]
 pub(crate) struct EngineCtx(pub(crate) *mut c_void);
 
 // SAFETY: the pointer is only carried, never dereferenced, by this crate;
@@ -248,8 +252,8 @@ impl From<fprobe::probe::ProbeStats> for fprobe_stats {
     }
 }
 
-/// The probe's `user` pointer and release callback, shared by its
-/// handlers; calls `release` when the last handler closure is dropped.
+/// The probe's `user` pointer and release callback; calls `release` when
+/// dropped with the probe, after its last handler call.
 pub(crate) struct User {
     user: *mut c_void,
     release: fprobe_release_fn,
@@ -264,27 +268,9 @@ unsafe impl Send for User {}
 // SAFETY: as above.
 unsafe impl Sync for User {}
 
-/// The `user` pointer copied into each handler closure, so a call needs
-/// no load through the shared [`User`].
-#[derive(Clone, Copy)]
-struct UserPtr(*mut c_void);
-
-impl UserPtr {
-    /// By method, so closures capture the whole (Send) wrapper.
-    #[inline(always)]
-    fn get(self) -> *mut c_void {
-        self.0
-    }
-}
-
-// SAFETY: as for `User`.
-unsafe impl Send for UserPtr {}
-// SAFETY: as for `User`.
-unsafe impl Sync for UserPtr {}
-
 impl User {
-    /// The registration succeeded: `release` runs when the last handler
-    /// closure is dropped.
+    /// The registration succeeded: `release` runs when the probe is
+    /// dropped.
     pub(crate) fn arm(&self) {
         // Release: pairs with the Acquire load in `User::drop`.
         self.armed.store(true, Ordering::Release);
@@ -311,17 +297,6 @@ fn code(e: Error) -> c_int {
         Error::InvalidConfig(_) => FPROBE_E_INVALID,
         _ => FPROBE_E_INTERNAL,
     }
-}
-
-/// Reads a field the dispatcher stored a moment ago, as one 8-byte load.
-/// Copying adjacent fields into the C context lets the compiler merge two
-/// of them into one 16-byte load, which cannot be forwarded from the two
-/// 8-byte stores still in the store buffer and stalls until they retire
-/// (seen as the hottest instructions of these closures under `perf`).
-#[inline(always)]
-fn scalar(v: &u64) -> u64 {
-    // SAFETY: a valid, aligned reference.
-    unsafe { std::ptr::read_volatile(v) }
 }
 
 /// Runs `f` with panics caught (unwinding into C is undefined behaviour).
@@ -581,71 +556,69 @@ pub(crate) unsafe fn c_attach_args<'a>(
     Ok((p, pairs))
 }
 
-/// What a context gives a C handler as `engine_ctx`.
-pub(crate) trait EnginePtr: Send + Sync + 'static {
-    fn engine_ptr(&self) -> *mut c_void;
+// SAFETY: `#[repr(transparent)]` over the engine's pointer.
+unsafe impl CEngineCtx for EngineCtx {
+    const REPR: CEngineRepr = CEngineRepr::ByValue;
 }
 
-impl EnginePtr for EngineCtx {
-    #[inline(always)]
-    fn engine_ptr(&self) -> *mut c_void {
-        self.0
-    }
-}
+// The probe layer calls the handlers with its own C contexts, which are
+// these structs: same layout, field for field.
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<CEntryContext>() == size_of::<fprobe_entry_ctx>());
+    assert!(offset_of!(CEntryContext, addr) == offset_of!(fprobe_entry_ctx, addr));
+    assert!(offset_of!(CEntryContext, ret_addr) == offset_of!(fprobe_entry_ctx, ret_addr));
+    assert!(offset_of!(CEntryContext, cookie) == offset_of!(fprobe_entry_ctx, cookie));
+    assert!(offset_of!(CEntryContext, engine_ctx) == offset_of!(fprobe_entry_ctx, engine_ctx));
+    assert!(offset_of!(CEntryContext, data) == offset_of!(fprobe_entry_ctx, data));
+    assert!(offset_of!(CEntryContext, data_size) == offset_of!(fprobe_entry_ctx, data_size));
+    assert!(size_of::<CExitContext>() == size_of::<fprobe_exit_ctx>());
+    assert!(offset_of!(CExitContext, addr) == offset_of!(fprobe_exit_ctx, addr));
+    assert!(offset_of!(CExitContext, ret_addr) == offset_of!(fprobe_exit_ctx, ret_addr));
+    assert!(offset_of!(CExitContext, cookie) == offset_of!(fprobe_exit_ctx, cookie));
+    assert!(offset_of!(CExitContext, engine_ctx) == offset_of!(fprobe_exit_ctx, engine_ctx));
+    assert!(offset_of!(CExitContext, data) == offset_of!(fprobe_exit_ctx, data));
+    assert!(offset_of!(CExitContext, data_size) == offset_of!(fprobe_exit_ctx, data_size));
+    assert!(FPROBE_SKIP_EXIT == C_SKIP_EXIT);
+};
 
-/// A probe calling the C handlers of `p`, and their `user`, to
+/// A probe calling the C handlers of `p` directly, and their `user`, to
 /// [`arm`](User::arm) once the probe is registered (a failed registration
-/// leaves `user` with the caller, unreleased).
-pub(crate) fn c_probe<C: EnginePtr>(p: &fprobe_probe) -> (Fprobe<C>, Arc<User>) {
+/// leaves `user` with the caller, unreleased). The probe owns `user`: it
+/// is released when the probe is dropped, after its last handler call.
+pub(crate) fn c_probe<C: CEngineCtx + Send + Sync + 'static>(
+    p: &fprobe_probe,
+) -> (Fprobe<C>, Arc<User>) {
     let user = Arc::new(User {
         user: p.user,
         release: p.release,
         armed: AtomicBool::new(false),
     });
-    let mut b = Fprobe::<C>::builder().data_size(p.data_size);
+    let mut b = Fprobe::<C>::builder()
+        .data_size(p.data_size)
+        .owns(user.clone());
     if let Some(entry) = p.entry {
-        let (keep, up) = (user.clone(), UserPtr(p.user));
-        b = b.entry(move |ec| {
-            let _ = &keep; // owned by the closure: released with it
-            let (data, data_size) = if ec.data.is_empty() {
-                (std::ptr::null_mut(), 0)
-            } else {
-                (ec.data.as_mut_ptr().cast::<c_void>(), ec.data.len())
-            };
-            let mut c = fprobe_entry_ctx {
-                addr: scalar(&ec.addr),
-                ret_addr: scalar(&ec.ret_addr),
-                cookie: scalar(&ec.cookie),
-                engine_ctx: ec.ctx.engine_ptr(),
-                data,
-                data_size,
-            };
-            // SAFETY: the caller's handler with its own pointer and a
-            // context valid for the call.
-            if unsafe { entry(up.get(), &mut c) } == FPROBE_SKIP_EXIT {
-                EntryAction::SkipExit
-            } else {
-                EntryAction::Continue
-            }
-        });
+        // SAFETY: the same function type but for the pointee of its
+        // context argument, a struct of the same layout (asserted above).
+        let f = unsafe {
+            std::mem::transmute::<
+                unsafe extern "C" fn(*mut c_void, *mut fprobe_entry_ctx) -> c_int,
+                CEntryFn,
+            >(entry)
+        };
+        // SAFETY: `fprobe_probe`'s contract: its handlers take any thread,
+        // concurrently, with its `user` (shared by all threads).
+        b = unsafe { b.entry_c(f, p.user) };
     }
     if let Some(exit) = p.exit {
-        let (keep, up) = (user.clone(), UserPtr(p.user));
-        b = b.exit(move |xc| {
-            let _ = &keep;
-            // SAFETY: a valid, aligned reference (see `scalar`).
-            let data = unsafe { std::ptr::read_volatile(&xc.data) };
-            let c = fprobe_exit_ctx {
-                addr: scalar(&xc.addr),
-                ret_addr: scalar(&xc.ret_addr),
-                cookie: scalar(&xc.cookie),
-                engine_ctx: xc.ctx.engine_ptr(),
-                data: data.as_ptr().cast::<c_void>(),
-                data_size: data.len(),
-            };
-            // SAFETY: as for the entry handler.
-            unsafe { exit(up.get(), &c) };
-        });
+        // SAFETY: as for the entry handler.
+        let f = unsafe {
+            std::mem::transmute::<unsafe extern "C" fn(*mut c_void, *const fprobe_exit_ctx), CExitFn>(
+                exit,
+            )
+        };
+        // SAFETY: as for the entry handler.
+        b = unsafe { b.exit_c(f, p.user) };
     }
     (b.build(), user)
 }

@@ -10,14 +10,14 @@
 //! [`fprobe_patch_attach`] returns.
 
 use std::collections::HashMap;
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::sync::Mutex;
 
 use fprobe_patch::{Attached, Error, Regs};
 
 use crate::{
-    EnginePtr, FPROBE_E_BUSY, FPROBE_E_CAPACITY, FPROBE_E_NOT_FOUND, FPROBE_E_NOT_PATCHABLE,
-    FPROBE_E_NULL, FPROBE_E_OS, c_attach_args, c_probe, code, ffi, fprobe_probe, fprobe_stats,
+    FPROBE_E_BUSY, FPROBE_E_CAPACITY, FPROBE_E_NOT_FOUND, FPROBE_E_NOT_PATCHABLE, FPROBE_E_NULL,
+    FPROBE_E_OS, c_attach_args, c_probe, code, ffi, fprobe_probe, fprobe_stats,
 };
 
 /// A patched call's saved registers, what a handler's `engine_ctx`
@@ -38,13 +38,6 @@ const _: () = {
     assert!(std::mem::offset_of!(Regs, gp) == std::mem::offset_of!(fprobe_patch_regs, gp));
     assert!(std::mem::offset_of!(Regs, xmm) == std::mem::offset_of!(fprobe_patch_regs, xmm));
 };
-
-impl EnginePtr for Regs {
-    #[inline(always)]
-    fn engine_ptr(&self) -> *mut c_void {
-        (self as *const Regs).cast_mut().cast()
-    }
-}
 
 /// Attached probes by handle.
 static ATTACHED: Mutex<(u64, Option<HashMap<u64, Attached>>)> = Mutex::new((0, None));

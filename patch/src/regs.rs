@@ -25,6 +25,13 @@ pub struct Regs {
     pub xmm: [u128; 8],
 }
 
+/// C handlers ([`FprobeBuilder::entry_c`](fprobe::probe::FprobeBuilder::entry_c))
+/// see the registers as a pointer to them, laid out as above.
+// SAFETY: `ByAddress` makes no claim on the layout.
+unsafe impl fprobe::probe::CEngineCtx for Regs {
+    const REPR: fprobe::probe::CEngineRepr = fprobe::probe::CEngineRepr::ByAddress;
+}
+
 const RAX: usize = 6;
 const RDX: usize = 2;
 

@@ -1,7 +1,11 @@
 //! What a probe is: its handlers, the contexts they see, and its per-call
 //! data size.
 
+use std::any::Any;
+use std::ffi::c_void;
 use std::fmt;
+
+use super::ffi::{CEngineCtx, CEntryFn, CExitFn, CHandler};
 
 /// What an entry handler sees.
 pub struct EntryContext<'a, C> {
@@ -66,16 +70,23 @@ pub(super) type ExitFn<C> = dyn Fn(&ExitContext<'_, C>) + Send + Sync;
 /// assert_eq!(probe.data_size(), 8);
 /// ```
 pub struct Fprobe<C> {
+    /// At most one of `entry` and `c_entry` is set, and of `exit` and
+    /// `c_exit` (the builder's). Separate fields rather than an enum, so
+    /// that a Rust handler costs dispatch one test, as with no C kind.
     pub(super) entry: Option<Box<EntryFn<C>>>,
     pub(super) exit: Option<Box<ExitFn<C>>>,
+    pub(super) c_entry: Option<CHandler<CEntryFn>>,
+    pub(super) c_exit: Option<CHandler<CExitFn>>,
     pub(super) data_size: usize,
+    /// Dropped with the probe, after its handlers (field order).
+    owned: Option<Box<dyn Any + Send + Sync>>,
 }
 
 impl<C> fmt::Debug for Fprobe<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Fprobe")
-            .field("entry", &self.entry.is_some())
-            .field("exit", &self.exit.is_some())
+            .field("entry", &(self.entry.is_some() || self.c_entry.is_some()))
+            .field("exit", &self.has_exit())
             .field("data_size", &self.data_size)
             .finish()
     }
@@ -95,7 +106,10 @@ impl<C> Fprobe<C> {
             probe: Fprobe {
                 entry: None,
                 exit: None,
+                c_entry: None,
+                c_exit: None,
                 data_size: 0,
+                owned: None,
             },
         }
     }
@@ -103,6 +117,11 @@ impl<C> Fprobe<C> {
     /// Bytes of per-call data passed from entry to exit.
     pub fn data_size(&self) -> usize {
         self.data_size
+    }
+
+    /// Whether the probe has an exit handler (Rust or C).
+    pub(super) fn has_exit(&self) -> bool {
+        self.exit.is_some() || self.c_exit.is_some()
     }
 }
 
@@ -119,6 +138,7 @@ impl<C> FprobeBuilder<C> {
         f: impl Fn(&mut EntryContext<'_, C>) -> EntryAction + Send + Sync + 'static,
     ) -> Self {
         self.probe.entry = Some(Box::new(f));
+        self.probe.c_entry = None;
         self
     }
 
@@ -126,6 +146,7 @@ impl<C> FprobeBuilder<C> {
     /// per-call data on the thread's shadow stack until the return.
     pub fn exit(mut self, f: impl Fn(&ExitContext<'_, C>) + Send + Sync + 'static) -> Self {
         self.probe.exit = Some(Box::new(f));
+        self.probe.c_exit = None;
         self
     }
 
@@ -136,8 +157,84 @@ impl<C> FprobeBuilder<C> {
         self
     }
 
+    /// A value the probe owns: dropped when the probe is, after its last
+    /// handler call (a registered probe is dropped after the grace period
+    /// of its unregistering). For what a foreign handler's `user` pointer
+    /// needs released.
+    pub fn owns(mut self, value: impl Any + Send + Sync) -> Self {
+        self.probe.owned = Some(Box::new(value));
+        self
+    }
+
     /// The probe.
     pub fn build(self) -> Fprobe<C> {
         self.probe
+    }
+}
+
+impl<C: CEngineCtx> FprobeBuilder<C> {
+    /// The entry handler, a C function called with `user` and a
+    /// [`CEntryContext`](super::CEntryContext) whose `engine_ctx` is the
+    /// engine's context as [`CEngineCtx::REPR`] says. Dispatch calls
+    /// it directly (no closure, no context copied in between) and does not
+    /// catch unwinding: a C function cannot unwind.
+    ///
+    /// # Safety
+    ///
+    /// `f` may be called with `user` and a valid context from any thread,
+    /// concurrently, as long as the probe lives.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::ffi::{c_int, c_void};
+    /// use fprobe::probe::{CEngineCtx, CEngineRepr, CEntryContext, Fprobe, Registry};
+    ///
+    /// struct Ctx;
+    /// // SAFETY: `ByAddress` makes no claim on the layout.
+    /// unsafe impl CEngineCtx for Ctx {
+    ///     const REPR: CEngineRepr = CEngineRepr::ByAddress;
+    /// }
+    ///
+    /// unsafe extern "C" fn count(user: *mut c_void, _: *mut CEntryContext) -> c_int {
+    ///     // SAFETY: `user` is the `AtomicU64` below, alive while the probe is.
+    ///     let n = unsafe { &*user.cast::<std::sync::atomic::AtomicU64>() };
+    ///     n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ///     0
+    /// }
+    ///
+    /// static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    /// let registry = Registry::<Ctx>::builder().build().unwrap();
+    /// // SAFETY: `count` takes any thread, and `CALLS` lives forever.
+    /// let probe = unsafe { Fprobe::builder().entry_c(count, (&raw const CALLS).cast_mut().cast()) };
+    /// registry.register(probe.build(), &[0x1000]).unwrap();
+    /// registry.on_entry(0x1000, 0, &Ctx);
+    /// registry.on_exit(0, &Ctx);
+    /// assert_eq!(CALLS.load(std::sync::atomic::Ordering::Relaxed), 1);
+    /// ```
+    pub unsafe fn entry_c(mut self, f: CEntryFn, user: *mut c_void) -> Self {
+        self.probe.c_entry = Some(CHandler {
+            f,
+            user,
+            repr: C::REPR,
+        });
+        self.probe.entry = None;
+        self
+    }
+
+    /// The exit handler, a C function called with `user` and a
+    /// [`CExitContext`](super::CExitContext); as [`entry_c`](Self::entry_c).
+    ///
+    /// # Safety
+    ///
+    /// As [`entry_c`](Self::entry_c).
+    pub unsafe fn exit_c(mut self, f: CExitFn, user: *mut c_void) -> Self {
+        self.probe.c_exit = Some(CHandler {
+            f,
+            user,
+            repr: C::REPR,
+        });
+        self.probe.exit = None;
+        self
     }
 }

@@ -12,7 +12,10 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use std::ffi::c_void;
+
 use super::def::{EntryAction, EntryContext, ExitContext};
+use super::ffi::{C_SKIP_EXIT, CEntryContext, CEntryFn, CExitContext, CExitFn, CHandler};
 use super::recursion::{self, Entered};
 use super::registry::{Attach, Registry, state};
 use super::shadow::{HEADER, RETURN_WORDS, ShadowStack, TAKES_RETURN};
@@ -246,7 +249,17 @@ impl<C: Send + Sync + 'static> Registry<C> {
                         EntryAction::SkipExit
                     })
                 }
-                None => EntryAction::Continue,
+                None => match &p.c_entry {
+                    Some(h) => {
+                        let data = match keep {
+                            // SAFETY: as for a Rust handler's data above.
+                            Some(at) if p.data_size > 0 => unsafe { w.data_mut(at, p.data_size) },
+                            _ => &mut [],
+                        };
+                        call_c_entry(h, addr, ret_addr, a.cookie, ctx, data)
+                    }
+                    None => EntryAction::Continue,
+                },
             };
             match (keep, action) {
                 (Some(at), EntryAction::Continue) => {
@@ -453,13 +466,26 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // probe only after it: the probe lives until we leave the section.
             let fp = unsafe { fp.as_ref() };
             // A kept entry always has its probe and exit handler.
-            let Some((fp, exit)) = fp.and_then(|fp| Some((fp, fp.exit.as_ref()?))) else {
+            let Some(fp) = fp else {
                 unrun();
                 continue;
             };
             // SAFETY: the data words of this return entry, below `top`
             // (which covers them until `release`), written by the entry.
             let data = unsafe { w.data(data_at, fp.data_size.min(dw * 8)) };
+            let exit = match (&fp.exit, &fp.c_exit) {
+                (Some(exit), _) => exit,
+                (None, Some(h)) => {
+                    call_c_exit(h, addr, ret_addr, cookie, ctx, data);
+                    // SAFETY: as above.
+                    unsafe { counters.bump(slot_idx, Counter::Exits) };
+                    continue;
+                }
+                (None, None) => {
+                    unrun();
+                    continue;
+                }
+            };
             let xc = ExitContext {
                 addr,
                 ret_addr,
@@ -523,6 +549,57 @@ impl<C: Send + Sync + 'static> Registry<C> {
             None => local.adopt(),
         }
     }
+}
+
+/// Calls a C entry handler with its context.
+#[inline(always)]
+fn call_c_entry<C>(
+    h: &CHandler<CEntryFn>,
+    addr: u64,
+    ret_addr: u64,
+    cookie: u64,
+    ctx: &C,
+    data: &mut [u8],
+) -> EntryAction {
+    let mut c = CEntryContext {
+        addr,
+        ret_addr,
+        cookie,
+        engine_ctx: h.engine_ctx(ctx),
+        data: match data.is_empty() {
+            true => std::ptr::null_mut(),
+            false => data.as_mut_ptr().cast::<c_void>(),
+        },
+        data_size: data.len(),
+    };
+    // SAFETY: `entry_c`'s contract: callable with `user` and a valid
+    // context from this thread.
+    match unsafe { (h.f)(h.user, &mut c) } {
+        C_SKIP_EXIT => EntryAction::SkipExit,
+        _ => EntryAction::Continue,
+    }
+}
+
+/// Calls a C exit handler with its context.
+#[inline(always)]
+fn call_c_exit<C>(
+    h: &CHandler<CExitFn>,
+    addr: u64,
+    ret_addr: u64,
+    cookie: u64,
+    ctx: &C,
+    data: &[u8],
+) {
+    let c = CExitContext {
+        addr,
+        ret_addr,
+        cookie,
+        engine_ctx: h.engine_ctx(ctx),
+        data: data.as_ptr().cast::<c_void>(),
+        data_size: data.len(),
+    };
+    // SAFETY: `exit_c`'s contract, as for `entry_c`.
+    unsafe { (h.f)(h.user, &c) };
 }
 
 /// Makes every registry skip probes on the calling thread (`true`) or not

@@ -15,7 +15,10 @@
 //!
 //! * **Definition** (`def.rs`): handlers are boxed closures; the contexts
 //!   they see carry the address, the return address, the attachment's
-//!   cookie, the engine's context and the per-call data.
+//!   cookie, the engine's context and the per-call data. A foreign-function
+//!   layer gives C functions instead (`ffi.rs`,
+//!   [`FprobeBuilder::entry_c`]): dispatch builds their `#[repr(C)]`
+//!   contexts and calls them directly, with no closure in between.
 //! * **Registry** (`registry.rs`): an [`AddrIndex`](crate::AddrIndex) from
 //!   address to attachments `(slot, generation, cookie, probe)`, and a
 //!   fixed array of probe slots whose generation word tells live probes
@@ -125,6 +128,7 @@
 
 mod def;
 mod dispatch;
+mod ffi;
 mod recursion;
 mod registry;
 mod shadow;
@@ -132,5 +136,8 @@ mod stats;
 
 pub use def::{EntryAction, EntryContext, ExitContext, Fprobe, FprobeBuilder};
 pub use dispatch::ignore_current_thread;
+pub use ffi::{
+    C_SKIP_EXIT, CEngineCtx, CEngineRepr, CEntryContext, CEntryFn, CExitContext, CExitFn,
+};
 pub use registry::{MAX_DATA_SIZE, ProbeHandle, Registry, RegistryBuilder};
 pub use stats::{Missed, ProbeStats};

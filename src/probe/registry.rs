@@ -343,7 +343,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 "probe data_size exceeds the registry's data_size",
             ));
         }
-        let frame_words = if probe.exit.is_some() {
+        let frame_words = if probe.has_exit() {
             probe.data_size.div_ceil(8) as u32 + 3
         } else {
             0
