@@ -191,6 +191,33 @@ fn returns_taken_over_are_handed_back_and_recover_from_longjmp() {
     assert_eq!(reg.on_return(0x7f00, &()), None, "an empty stack");
 }
 
+/// Calls that did not fit on a full stack are deeper than every frame: a
+/// return taken over below them ends them, and the next call that fits
+/// pairs with its own exit.
+#[test]
+fn a_return_taken_over_ends_the_calls_that_did_not_fit() {
+    let reg = Registry::<()>::builder().max_depth(2).build().unwrap();
+    let exits = counter();
+    let h = reg.register(counting_exits(&exits), &[0x10, 0x20]).unwrap();
+    assert!(reg.on_entry_taking_return(0x10, 0x1000, 0x7f00, &()));
+    // Plain calls below it until the stack is full, and more.
+    for _ in 0..200 {
+        reg.on_entry(0x20, 0x2000, &());
+    }
+    assert!(reg.stats(h).unwrap().missed.depth > 0);
+    // A `longjmp` past them all into 0x10, which returns.
+    assert_eq!(reg.on_return(0x7f00, &()), Some(0x1000));
+    let before = exits.load(Ordering::Relaxed);
+    reg.on_entry(0x20, 0x2000, &());
+    reg.on_exit(0x2000, &());
+    assert_eq!(
+        exits.load(Ordering::Relaxed),
+        before + 1,
+        "its own exit ran"
+    );
+    assert_eq!(reg.stats(h).unwrap().in_flight, 0);
+}
+
 /// A pairing reset keeps the frames of calls whose return was taken (they
 /// still return through their engine) and drops the plain frames above.
 #[test]

@@ -457,6 +457,8 @@ impl Model {
             }
             let frame = t.frames.pop().unwrap();
             t.top -= frame.words;
+            // The calls that did not fit were deeper still: over too.
+            t.overflow = 0;
             match at {
                 // A plain frame above: it ends unrun.
                 None => continue,

@@ -376,6 +376,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                         _ => self.exit_frame::<false, false>(local, t, 0, ctx),
                     };
                     local.release(base);
+                    local.end_overflows();
                     continue;
                 }
                 let at = local.read(t - HEADER - 1);
@@ -385,6 +386,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 let ret = local.read(t - HEADER - 2);
                 let base = self.exit_frame::<true, true>(local, t, ret, ctx);
                 local.release(base);
+                local.end_overflows();
                 if at == sp {
                     break Some(ret);
                 }

@@ -26,7 +26,9 @@
 //! return address back) and drops the frames above it.
 //!
 //! Calls whose frame does not fit are counted in `overflow` instead (the
-//! innermost calls, so their exits come first and pop the count).
+//! innermost calls, so their exits come first and pop the count). A
+//! return taken over that pops a frame ends them too
+//! ([`ShadowStack::end_overflows`]): they are deeper than every frame.
 //!
 //! # Signal safety
 //!
@@ -293,6 +295,15 @@ impl ShadowStack {
             return None;
         }
         Some(t)
+    }
+
+    /// Ends the calls counted in `overflow`: a call below them returned
+    /// (`Registry::on_return` popped a frame), so they are over, and their
+    /// exits, if any come, find nothing to pop. Without this a later exit
+    /// of a call that fits would pop the count instead of its frame.
+    #[inline(always)]
+    pub(super) fn end_overflows(&self) {
+        self.overflow.set(0);
     }
 
     /// Words in use.
