@@ -10,9 +10,8 @@
 //! first dispatch through the registry), touches a reference count or
 //! writes a line another thread writes.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-
 use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::def::{EntryAction, EntryContext, ExitContext};
 use super::ffi::{C_SKIP_EXIT, CEntryContext, CEntryFn, CExitContext, CExitFn, CHandler};

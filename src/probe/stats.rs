@@ -47,8 +47,9 @@ pub struct ProbeStats {
     pub missed: Missed,
     /// Handler calls that panicked (caught).
     pub panics: u64,
-    /// Calls in flight: their entry ran the probe and kept its exit, and
-    /// they have not returned yet (nor been forgotten after
+    /// Calls in flight: their entry ran the probe (or is running its
+    /// entry handler) with a return entry for its exit, and they have not
+    /// returned yet (nor been forgotten after
     /// [`reset_pairing`](super::Registry::reset_pairing), which happens at
     /// each thread's next dispatch). Once the probe
     /// stops taking entries (disabled, or its functions no longer called)
