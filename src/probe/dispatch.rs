@@ -227,15 +227,15 @@ impl<C: Send + Sync + 'static> Registry<C> {
                     None
                 }
             };
+            let data: &mut [u8] = match keep {
+                // SAFETY: `frame_words` covers the data words; the words lie
+                // in our reservation, which nothing else references until
+                // the frame is pushed.
+                Some(at) => unsafe { w.data_mut(at, p.data_size) },
+                None => &mut [],
+            };
             let action = match &p.entry {
                 Some(entry) => {
-                    let data: &mut [u8] = match keep {
-                        // SAFETY: `frame_words` covers the data words; the
-                        // words lie in our reservation, which nothing else
-                        // references until the frame is pushed.
-                        Some(at) => unsafe { w.data_mut(at, p.data_size) },
-                        None => &mut [],
-                    };
                     let mut ec = EntryContext {
                         addr,
                         ret_addr,
@@ -249,14 +249,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                     })
                 }
                 None => match &p.c_entry {
-                    Some(h) => {
-                        let data = match keep {
-                            // SAFETY: as for a Rust handler's data above.
-                            Some(at) if p.data_size > 0 => unsafe { w.data_mut(at, p.data_size) },
-                            _ => &mut [],
-                        };
-                        call_c_entry(h, addr, ret_addr, a.cookie, ctx, data)
-                    }
+                    Some(h) => call_c_entry(h, addr, ret_addr, a.cookie, ctx, data),
                     None => EntryAction::Continue,
                 },
             };
@@ -367,27 +360,29 @@ impl<C: Send + Sync + 'static> Registry<C> {
                     break None;
                 }
                 let word = local.read(t - 1);
-                if word & TAKES_RETURN == 0 {
+                // The frame's base, and the return address when the frame
+                // is ours.
+                let (base, ours) = if word & TAKES_RETURN == 0 {
                     // A plain entry's frame above ours, its exit never
                     // dispatched: it ends unrun.
                     let base = match word {
                         0 => t - 1,
                         _ => self.exit_frame::<false, false>(local, t, 0, ctx),
                     };
-                    local.release(base);
-                    local.end_overflows();
-                    continue;
-                }
-                let at = local.read(t - HEADER - 1);
-                if at > sp {
-                    break None; // a frame of a caller's call: ours is gone
-                }
-                let ret = local.read(t - HEADER - 2);
-                let base = self.exit_frame::<true, true>(local, t, ret, ctx);
+                    (base, None)
+                } else {
+                    let at = local.read(t - HEADER - 1);
+                    if at > sp {
+                        break None; // a frame of a caller's call: ours is gone
+                    }
+                    let ret = local.read(t - HEADER - 2);
+                    let base = self.exit_frame::<true, true>(local, t, ret, ctx);
+                    (base, (at == sp).then_some(ret))
+                };
                 local.release(base);
                 local.end_overflows();
-                if at == sp {
-                    break Some(ret);
+                if ours.is_some() {
+                    break ours;
                 }
             }
         };
