@@ -954,3 +954,262 @@ fn permanent_keys_through_resizes(churn: u64, bulk: bool) {
     // freed after their grace periods) while the readers ran.
     assert!(s.home_slots < churn as usize, "{s:?}");
 }
+
+/// A value that counts its live copies (clones included).
+#[derive(Debug)]
+struct Copies(u64, Arc<AtomicUsize>);
+
+impl Copies {
+    fn new(v: u64, live: &Arc<AtomicUsize>) -> Self {
+        live.fetch_add(1, Ordering::Relaxed);
+        Copies(v, live.clone())
+    }
+}
+
+impl Clone for Copies {
+    fn clone(&self) -> Self {
+        Copies::new(self.0, &self.1)
+    }
+}
+
+impl Drop for Copies {
+    fn drop(&mut self) {
+        self.1.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn a_shared_insert_is_one_record_for_all_its_addresses() {
+    let n = if cfg!(miri) { 200 } else { 5_000u64 };
+    let addrs: Vec<u64> = (0..n).map(|a| 0x40_0000 + a * 16).collect();
+    let shared = AddrIndex::builder().capacity(n as usize).build().unwrap();
+    let private = AddrIndex::builder().capacity(n as usize).build().unwrap();
+    let id = shared.insert_shared(&addrs, [7u64; 3]).unwrap();
+    private
+        .insert_many(addrs.iter().map(|&a| (a, [7u64; 3])))
+        .unwrap();
+    assert_eq!((shared.len(), shared.len_addrs()), (n as usize, n as usize));
+    {
+        let g = rcu::read_lock();
+        for &a in &addrs {
+            let (ids, vals) = shared.get_with_ids(a, &g);
+            assert_eq!((ids, vals), (&[id][..], &[[7u64; 3]][..]), "at {a:#x}");
+        }
+    }
+    // The tables are alike; the records are one against `n`.
+    let (s, p) = (shared.stats(), private.stats());
+    let per_record = (p.memory_bytes - s.memory_bytes) / (n as usize - 1);
+    assert!(
+        per_record >= 40,
+        "a private record costs {per_record} bytes ({} shared, {} private)",
+        s.memory_bytes,
+        p.memory_bytes
+    );
+    assert_eq!(shared.remove_shared(&addrs, id), n as usize);
+    assert!(shared.is_empty());
+    assert_eq!(shared.remove_shared(&addrs, id), 0, "removed twice");
+}
+
+#[test]
+fn shared_records_keep_every_address_its_values() {
+    let index = small();
+    // Addresses 1..=4 hold different values first; 5..=8 none.
+    let own: Vec<EntryId> = (1..=4u64)
+        .map(|a| index.insert(a, a * 100).unwrap())
+        .collect();
+    let addrs: Vec<u64> = (1..=8).collect();
+    let first = index.insert_shared(&addrs, 1).unwrap();
+    let second = index.insert_shared(&addrs[2..], 2).unwrap();
+    let values = |a: u64| index.lookup(a, |v| v.to_vec()).unwrap_or_default();
+    assert_eq!(values(1), [100, 1]);
+    assert_eq!(values(3), [300, 1, 2]);
+    assert_eq!(values(6), [1, 2]);
+    // A private write to one address leaves the others as they were.
+    index.insert(6, 66).unwrap();
+    index.remove(7, first).unwrap();
+    assert_eq!(values(6), [1, 2, 66]);
+    assert_eq!(values(7), [2]);
+    assert_eq!(values(8), [1, 2]);
+    assert_eq!(index.take(8, second).unwrap(), 2);
+    assert_eq!(values(8), [1]);
+    assert_eq!(values(5), [1, 2], "a take at one address leaves the others");
+    assert_eq!(index.remove(8, second), Err(Error::NotFound));
+    // Removing the first from all of them (7 lost it already): the rest
+    // stays, in order.
+    assert_eq!(index.remove_shared(&addrs, first), 7);
+    assert_eq!(values(1), [100]);
+    assert_eq!(values(3), [300, 2]);
+    assert_eq!(values(6), [2, 66]);
+    assert!(!index.contains(8));
+    assert_eq!(index.remove_shared(&addrs, second), 5);
+    for (a, id) in (1..=4u64).zip(own) {
+        assert_eq!(index.take(a, id).unwrap(), a * 100);
+    }
+    assert_eq!(values(6), [66]);
+    assert_eq!((index.len(), index.len_addrs()), (1, 1));
+    // Repeated addresses get the value once.
+    let id = index.insert_shared(&[9, 9, 10, 9], 3).unwrap();
+    assert_eq!(values(9), [3]);
+    assert_eq!(index.remove_shared(&[9, 10, 10], id), 2);
+}
+
+#[test]
+fn shared_values_are_dropped_once_whoever_lets_them_go() {
+    let live = Arc::new(AtomicUsize::new(0));
+    let index = AddrIndex::builder()
+        .min_slots(8)
+        .stripes(4)
+        .build()
+        .unwrap();
+    let addrs: Vec<u64> = (0..64u64).collect();
+    let a = index.insert_shared(&addrs, Copies::new(1, &live)).unwrap();
+    let b = index
+        .insert_shared(&addrs[16..], Copies::new(2, &live))
+        .unwrap();
+    index.insert(20, Copies::new(3, &live)).unwrap();
+    index.remove(21, a).unwrap();
+    assert_eq!(index.take(22, b).unwrap().0, 2);
+    assert_eq!(index.remove_addr(23), 2);
+    assert_eq!(index.remove_shared(&addrs[..32], a), 30);
+    rcu::barrier();
+    // Still held: `a` at 32..64 (one record with `b`), `b` at 16..64 but
+    // 22 and 23, 3 at 20: as many copies as distinct records need.
+    assert!(live.load(Ordering::Relaxed) > 0);
+    index.clear();
+    rcu::barrier();
+    assert_eq!(live.load(Ordering::Relaxed), 0, "clear dropped everything");
+    index.insert_shared(&addrs, Copies::new(4, &live)).unwrap();
+    index.insert(3, Copies::new(5, &live)).unwrap();
+    drop(index);
+    rcu::barrier();
+    assert_eq!(live.load(Ordering::Relaxed), 0, "drop released everything");
+}
+
+#[test]
+fn a_shared_insert_over_the_address_limit_changes_nothing() {
+    let index = AddrIndex::builder().max_addresses(10).build().unwrap();
+    index.insert(1, 1u32).unwrap();
+    let e = index
+        .insert_shared(&(1..=11).collect::<Vec<u64>>(), 9)
+        .unwrap_err();
+    assert_eq!(e.error, Error::CapacityExceeded { max_addresses: 10 });
+    assert_eq!(e.value, 9);
+    assert_eq!((index.len(), index.len_addrs()), (1, 1));
+    let id = index
+        .insert_shared(&(1..=10).collect::<Vec<u64>>(), 9)
+        .unwrap();
+    assert_eq!(index.lookup(1, |v| v.to_vec()), Some(vec![1, 9]));
+    assert_eq!(index.remove_shared(&(1..=10).collect::<Vec<u64>>(), id), 10);
+    assert_eq!(index.len_addrs(), 1);
+}
+
+#[test]
+fn a_shared_insert_is_undone_when_a_clone_panics() {
+    use std::cell::Cell;
+    thread_local! {
+        /// Clones left before one panics (`usize::MAX`: never).
+        static CLONES_LEFT: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    #[derive(Debug)]
+    struct Fragile(Copies);
+    impl Clone for Fragile {
+        fn clone(&self) -> Self {
+            let left = CLONES_LEFT.get();
+            if left == 0 {
+                CLONES_LEFT.set(usize::MAX);
+                panic!("clone of {} refused", self.0.0);
+            }
+            CLONES_LEFT.set(left.saturating_sub(1));
+            Fragile(self.0.clone())
+        }
+    }
+    let live = Arc::new(AtomicUsize::new(0));
+    let index = AddrIndex::builder()
+        .min_slots(8)
+        .stripes(2)
+        .build()
+        .unwrap();
+    // Distinct values at 0..20: each needs its own copy with the shared
+    // value, so the clones run out halfway.
+    for a in 0..20u64 {
+        index.insert(a, Fragile(Copies::new(a, &live))).unwrap();
+    }
+    let addrs: Vec<u64> = (0..40).collect();
+    CLONES_LEFT.set(15);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        index.insert_shared(&addrs, Fragile(Copies::new(99, &live)))
+    }));
+    CLONES_LEFT.set(usize::MAX);
+    assert!(r.is_err(), "the clone's panic reaches the caller");
+    assert_eq!((index.len(), index.len_addrs()), (20, 20));
+    for a in 0..20u64 {
+        assert_eq!(index.lookup(a, |v| v.len()), Some(1), "address {a}");
+    }
+    rcu::barrier();
+    assert_eq!(live.load(Ordering::Relaxed), 20, "each copy dropped once");
+    drop(index);
+    rcu::barrier();
+    assert_eq!(live.load(Ordering::Relaxed), 0);
+}
+
+/// Shared inserts and removals on overlapping address sets (every
+/// stripe) race with private writes to the same addresses and with
+/// readers: every reader sees whole values, every writer finds its own
+/// values where it left them, and every copy is dropped once.
+#[test]
+fn shared_writes_race_with_private_writes_and_readers() {
+    let live = Arc::new(AtomicUsize::new(0));
+    let index: AddrIndex<Copies> = AddrIndex::builder()
+        .min_slots(8)
+        .stripes(4)
+        .build()
+        .unwrap();
+    let rounds = if cfg!(miri) { 6 } else { 400 };
+    let stop = AtomicBool::new(false);
+    let finished = AtomicUsize::new(0);
+    let span = 48u64;
+    std::thread::scope(|s| {
+        for w in 0..2u64 {
+            let (index, live, finished) = (&index, &live, &finished);
+            s.spawn(move || {
+                for r in 0..rounds {
+                    let lo = (r * 7 + w * 13) % span;
+                    let addrs: Vec<u64> = (lo..lo + 24).map(|a| a % span).collect();
+                    let tag = w << 32 | r;
+                    let id = index.insert_shared(&addrs, Copies::new(tag, live)).unwrap();
+                    let own = index
+                        .insert(addrs[3], Copies::new(tag | 1 << 40, live))
+                        .unwrap();
+                    for &a in &addrs {
+                        let found = index.lookup(a, |v| v.iter().filter(|c| c.0 == tag).count());
+                        assert_eq!(found, Some(1), "writer {w}: shared value at {a}");
+                    }
+                    index.remove(addrs[5], id).unwrap();
+                    assert_eq!(index.remove_shared(&addrs, id), addrs.len() - 1);
+                    assert_eq!(index.take(addrs[3], own).unwrap().0, tag | 1 << 40);
+                }
+                // Release: pairs with the Acquire load that stops the reader.
+                finished.fetch_add(1, Ordering::Release);
+            });
+        }
+        let (index, stop) = (&index, &stop);
+        s.spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let g = rcu::read_lock();
+                for a in 0..span {
+                    for c in index.get(a, &g) {
+                        assert!((c.0 >> 32) & 0xff < 2, "torn value {:#x}", c.0);
+                    }
+                }
+            }
+        });
+        while finished.load(Ordering::Acquire) < 2 {
+            std::thread::yield_now();
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(index.is_empty());
+    drop(index);
+    rcu::barrier();
+    assert_eq!(live.load(Ordering::Relaxed), 0, "every copy dropped once");
+}

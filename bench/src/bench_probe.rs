@@ -35,8 +35,8 @@ use fprobe::{AddrIndex, rcu};
 /// The contender these benchmarks add to the dispatchers (`--impls`).
 pub const NAMES: &[(&str, &str)] = &[(
     "index-lookup",
-    "not a dispatcher: AddrIndex<u64>::get, one rcu::read_lock per call \
-     (kprobe-multi-all, kretprobe-multi-all)",
+    "not a dispatcher: AddrIndex<u64>::get of one value at every address (insert_shared), \
+     one rcu::read_lock per call (kprobe-multi-all, kretprobe-multi-all)",
 )];
 
 #[derive(Clone, Copy, PartialEq)]
@@ -84,15 +84,16 @@ fn run(cfg: &Config, shape: Shape) -> Vec<Row> {
         set.origin
     );
     let dispatchers = dispatch::build(&attached, exit, &|name| cfg.keep_impl(name));
-    // The bare lookup: one value (1) per attached address.
+    // The bare lookup: one value (1) at every attached address, one record
+    // for all of them, as the registry keeps its probe (`insert_shared`).
     let index = (shape != Shape::One && cfg.keep_impl(NAMES[0].0)).then(|| {
         let index = AddrIndex::<u64>::builder()
             .capacity(n)
             .build()
             .expect("valid configuration");
-        for &a in &attached {
-            index.insert(a, 1).expect("no address limit configured");
-        }
+        index
+            .insert_shared(&attached, 1)
+            .expect("no address limit configured");
         index
     });
     let max_threads = *cfg.threads.iter().max().expect("at least one thread count");

@@ -39,7 +39,15 @@ pub enum Op {
     Get(u8),
     /// Iterates the whole index, checking every value.
     Iter,
+    /// One value at these addresses (`insert_shared`), one id for all.
+    InsertShared(Vec<u8>),
+    /// Removes the value of the `nth` of this thread's live entries from
+    /// every address it is still at (`remove_shared`).
+    RemoveShared(u8),
 }
+
+/// The address a shared value is filed under: it is at several.
+const SHARED: u64 = u64::MAX - 1;
 
 /// Maps a fuzzed byte to an address (small space: threads collide).
 pub fn addr(a: u8) -> u64 {
@@ -102,7 +110,10 @@ fn check_get(index: &AddrIndex<Val>, k: u64, me: usize, live: &Live, removed: &[
             v.alive.load(Ordering::Relaxed),
             "reader saw a dropped value"
         );
-        assert_eq!(v.addr, k, "value under the wrong address");
+        assert!(
+            v.addr == k || v.addr == SHARED,
+            "value under the wrong address"
+        );
     }
     // Own live values at k: all present, in insertion order.
     let mine: Vec<u32> = vals
@@ -158,7 +169,11 @@ fn worker(index: &AddrIndex<Val>, me: usize, ops: &[Op], live_count: &Arc<Atomic
                 let (k, id, s) = live.remove(usize::from(*nth) % live.len());
                 if matches!(op, Op::Take(_)) {
                     let v = index.take(k, id).unwrap();
-                    assert_eq!((v.addr, v.owner, v.serial), (k, me, s));
+                    assert!(
+                        v.addr == k || v.addr == SHARED,
+                        "took another address's value"
+                    );
+                    assert_eq!((v.owner, v.serial), (me, s));
                 } else {
                     index.remove(k, id).unwrap();
                 }
@@ -175,8 +190,45 @@ fn worker(index: &AddrIndex<Val>, me: usize, ops: &[Op], live_count: &Arc<Atomic
                             v.alive.load(Ordering::Relaxed),
                             "iterator saw a dropped value"
                         );
-                        assert_eq!(v.addr, k, "value under the wrong address");
+                        assert!(
+                            v.addr == k || v.addr == SHARED,
+                            "value under the wrong address"
+                        );
                     }
+                }
+            }
+            Op::InsertShared(addrs) => {
+                let mut keys: Vec<u64> = addrs.iter().take(16).map(|a| addr(*a)).collect();
+                let id = index
+                    .insert_shared(&keys, Val::new(SHARED, me, serial, live_count))
+                    .unwrap();
+                keys.sort_unstable();
+                keys.dedup();
+                for k in keys {
+                    live.push((k, id, serial));
+                }
+                serial += 1;
+            }
+            Op::RemoveShared(nth) => {
+                if live.is_empty() {
+                    continue;
+                }
+                let id = live[usize::from(*nth) % live.len()].1;
+                let keys: Vec<u64> = live.iter().filter(|x| x.1 == id).map(|x| x.0).collect();
+                // An address without it, too: not counted.
+                let mut with_other = keys.clone();
+                with_other.push(addr(nth.wrapping_add(7)));
+                assert_eq!(
+                    index.remove_shared(&with_other, id),
+                    keys.len(),
+                    "remove_shared count"
+                );
+                live.retain(|x| x.1 != id);
+                for &k in &keys {
+                    removed.push((k, id));
+                }
+                for &k in &keys {
+                    check_get(index, k, me, &live, &removed);
                 }
             }
         }

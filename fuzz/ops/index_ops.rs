@@ -14,15 +14,38 @@ use fprobe::{AddrIndex, EntryId, Error, rcu};
 /// collide) that includes 0 and `u64::MAX`.
 #[derive(Arbitrary, Clone, Debug)]
 pub enum Op {
-    Insert { addr: u8, value: u32 },
+    Insert {
+        addr: u8,
+        value: u32,
+    },
     InsertMany(Vec<(u8, u32)>),
-    Remove { addr: u8, nth: u8 },
-    Take { addr: u8, nth: u8 },
-    RemoveUnknown { addr: u8, id: u64 },
+    Remove {
+        addr: u8,
+        nth: u8,
+    },
+    Take {
+        addr: u8,
+        nth: u8,
+    },
+    RemoveUnknown {
+        addr: u8,
+        id: u64,
+    },
     RemoveAddr(u8),
     Get(u8),
     Clear,
     Iter,
+    /// One value at these addresses (`insert_shared`).
+    InsertShared {
+        addrs: Vec<u8>,
+        value: u32,
+    },
+    /// `remove_shared` of the `nth` shared id issued, at its addresses and
+    /// `extra` ones.
+    RemoveShared {
+        nth: u8,
+        extra: Vec<u8>,
+    },
 }
 
 /// Maps a fuzzed byte to an address.
@@ -68,6 +91,8 @@ pub fn run(ops: &[Op]) {
         .build()
         .unwrap();
     let mut model: Model = HashMap::new();
+    // Ids of shared inserts, with their addresses.
+    let mut shared: Vec<(EntryId, Vec<u64>)> = Vec::new();
     for op in ops {
         match op {
             Op::Insert { addr: a, value } => {
@@ -136,6 +161,38 @@ pub fn run(ops: &[Op]) {
                 model.clear();
             }
             Op::Iter => check_all(&index, &model),
+            Op::InsertShared { addrs, value } => {
+                let mut keys: Vec<u64> = addrs.iter().map(|&a| addr(a)).collect();
+                let id = index.insert_shared(&keys, *value).unwrap();
+                keys.sort_unstable();
+                keys.dedup();
+                for &k in &keys {
+                    model.entry(k).or_default().push((id, *value));
+                }
+                shared.push((id, keys));
+            }
+            Op::RemoveShared { nth, extra } => {
+                if shared.is_empty() {
+                    continue;
+                }
+                let (id, keys) = shared[usize::from(*nth) % shared.len()].clone();
+                let mut all = keys;
+                all.extend(extra.iter().map(|&a| addr(a)));
+                all.sort_unstable();
+                all.dedup();
+                let mut want = 0;
+                for k in &all {
+                    if let Some(entries) = model.get_mut(k) {
+                        let before = entries.len();
+                        entries.retain(|e| e.0 != id);
+                        want += before - entries.len();
+                        if entries.is_empty() {
+                            model.remove(k);
+                        }
+                    }
+                }
+                assert_eq!(index.remove_shared(&all, id), want, "remove_shared count");
+            }
         }
     }
     check_all(&index, &model);

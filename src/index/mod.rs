@@ -25,6 +25,15 @@
 //! old record is dropped after an RCU grace period). Writes are rare and
 //! reads are everything.
 //!
+//! One value attached to many addresses at once
+//! ([`AddrIndex::insert_shared`], the kernel's one fprobe on thousands of
+//! functions) is one record for all of them: every address of the set
+//! points at it, so it stays in cache and a lookup spread over the set
+//! costs one miss (the slot's line), not two, and the set costs one
+//! record of memory rather than one per address. Addresses that held the
+//! same record before a shared insert or removal hold one record after
+//! it; a write to one address alone copies its record out of the set.
+//!
 //! Writers serialise per *stripe* (a mutex per key-hash stripe, each on its
 //! own cache lines, at least four stripes per CPU), and keep the index's
 //! counts per stripe, so registrations from several threads proceed in
@@ -114,7 +123,9 @@ use crate::rcu::{self, ReadGuard};
 
 /// Identifies one inserted value: pass it to [`AddrIndex::remove`] or
 /// [`AddrIndex::take`] with its address. Unique for the life of the index;
-/// the same value inserted twice gets two ids.
+/// the same value inserted twice gets two ids. One
+/// [`insert_shared`](AddrIndex::insert_shared) gives its value one id at
+/// all of its addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(transparent)]
 pub struct EntryId(u64);
@@ -271,6 +282,68 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
             .insert_many(items.into_iter().collect())
             .map(|ids| ids.into_iter().map(EntryId).collect())
             .map_err(|(error, values)| InsertManyError { error, values })
+    }
+
+    /// Attaches `value` at every distinct address of `addrs` under one id,
+    /// all or nothing, with one copy of it for all of them: the kernel's
+    /// one fprobe on many functions.
+    ///
+    /// Addresses that held the same values before hold one record after
+    /// (addresses with none included), so the value is cloned once per
+    /// distinct set of values rather than once per address. A lookup of an
+    /// address then reads a record that every other address of the set
+    /// reads too, and stays in cache: a lookup spread over many addresses
+    /// costs one cache miss (the table slot's) instead of two. A later
+    /// write to one of the addresses copies its record out of the set, as
+    /// for any record.
+    ///
+    /// The id removes the value from one address ([`remove`](Self::remove),
+    /// [`take`](Self::take)) or from many at once
+    /// ([`remove_shared`](Self::remove_shared), which keeps the rest
+    /// shared).
+    ///
+    /// # Errors
+    ///
+    /// As [`insert_many`](Self::insert_many), with the value handed back:
+    /// [`Error::CapacityExceeded`] when the new addresses do not fit under
+    /// [`max_addresses`](AddrIndexBuilder::max_addresses), checked before
+    /// anything is inserted; when concurrent writers take the last places
+    /// meanwhile, what was attached is detached again (its copies dropped
+    /// after a grace period).
+    ///
+    /// # Panics
+    ///
+    /// When a value's `clone` panics: what was attached is detached, and the
+    /// panic continues.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let index = fprobe::AddrIndex::new();
+    /// let id = index.insert_shared(&[0x10, 0x20, 0x30], "probe").unwrap();
+    /// assert_eq!(index.lookup(0x20, |v| v.to_vec()), Some(vec!["probe"]));
+    /// assert_eq!(index.len(), 3);
+    /// index.remove(0x20, id).unwrap(); // one address
+    /// assert_eq!(index.remove_shared(&[0x10, 0x20, 0x30], id), 2); // the rest
+    /// assert!(index.is_empty());
+    /// ```
+    pub fn insert_shared(&self, addrs: &[u64], value: V) -> Result<EntryId, InsertError<V>> {
+        self.raw
+            .insert_shared(addrs, value)
+            .map(EntryId)
+            .map_err(|(error, value)| InsertError { error, value })
+    }
+
+    /// Removes the value `id` from every address of `addrs` that holds it
+    /// and returns how many did; the values are dropped after a grace
+    /// period. Addresses that held the same values before hold one record
+    /// after, as with [`insert_shared`](Self::insert_shared).
+    ///
+    /// # Examples
+    ///
+    /// See [`insert_shared`](Self::insert_shared).
+    pub fn remove_shared(&self, addrs: &[u64], id: EntryId) -> usize {
+        self.raw.remove_shared(addrs, id.0)
     }
 
     /// Removes the value `id` of `addr`; it is dropped after a grace period

@@ -318,6 +318,12 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// Attaches `probe` to every address in `addrs` (cookie 0), all or
     /// nothing.
     ///
+    /// Attached at distinct addresses with one cookie, a probe is one
+    /// index record for all of them (`AddrIndex::insert_shared`), whose
+    /// lookups stay in cache however many addresses the calls spread
+    /// over; distinct cookies, or an address given twice (the probe then
+    /// runs twice there), take one record per address.
+    ///
     /// # Errors
     ///
     /// [`Error::TooManyProbes`] when `max_probes` probes are registered,
@@ -389,7 +395,30 @@ impl<C: Send + Sync + 'static> Registry<C> {
             })
             .collect();
         let addrs: Vec<u64> = items.iter().map(|(a, _)| *a).collect();
-        match self.index.insert_many(items) {
+        // One cookie at distinct addresses (the usual case: `register`):
+        // one record for all of them, so that a lookup spread over them
+        // misses the cache once, not twice (`AddrIndex::insert_shared`).
+        let shared = match items.split_first() {
+            Some(((_, first), rest)) if !rest.is_empty() => {
+                rest.iter().all(|(_, a)| a.cookie == first.cookie) && {
+                    let mut sorted = addrs.clone();
+                    sorted.sort_unstable();
+                    sorted.windows(2).all(|w| w[0] != w[1])
+                }
+            }
+            _ => false,
+        };
+        let inserted = match shared {
+            true => {
+                let value = items[0].1;
+                self.index
+                    .insert_shared(&addrs, value)
+                    .map(|id| vec![id; addrs.len()])
+                    .map_err(|e| e.error)
+            }
+            false => self.index.insert_many(items).map_err(|e| e.error),
+        };
+        match inserted {
             Ok(ids) => {
                 book.attached[slot as usize] = addrs.into_iter().zip(ids).collect();
                 Ok(ProbeHandle { slot, generation })
@@ -410,7 +439,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 unsafe { rcu::retire_box_raw(p) };
                 book.dirty[slot as usize] = true;
                 book.free.push(slot);
-                Err(e.error)
+                Err(e)
             }
         }
     }
@@ -452,9 +481,18 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 .store(state(h.generation + 1, false), Ordering::Release);
             std::mem::take(&mut book.attached[h.slot as usize])
         };
-        // (2) Out of the index.
-        for (addr, id) in attached {
-            let _ = self.index.remove(addr, id);
+        // (2) Out of the index: a shared insert's one id from all of its
+        // addresses at once (ids are otherwise unique per address).
+        match attached.split_first() {
+            Some((&(_, id), rest)) if !rest.is_empty() && rest.iter().all(|&(_, x)| x == id) => {
+                let addrs: Vec<u64> = attached.iter().map(|&(a, _)| a).collect();
+                self.index.remove_shared(&addrs, id);
+            }
+            _ => {
+                for (addr, id) in attached {
+                    let _ = self.index.remove(addr, id);
+                }
+            }
         }
         // (3) Handlers already running finish: every dispatch that could
         // have seen the old generation is inside a read section.

@@ -6,25 +6,28 @@
 
 use super::record::RecordPtr;
 use super::table::Slot;
-use super::{RawIndex, STRIPE_ID_BITS, lock, stripe_of};
+use super::{RawIndex, SHARED_ID, STRIPE_ID_BITS, lock, stripe_of};
 use crate::error::Error;
 use crate::rcu;
 use crate::sync::Ordering;
 
 /// Most keys a bulk insert adds per stripe-lock acquisition.
-const BULK_RUN: usize = 1024;
+pub(super) const BULK_RUN: usize = 1024;
 
 /// How far ahead of the key being inserted a bulk insert prefetches.
 const PREFETCH_AHEAD: usize = 8;
 
 /// Records unlinked by an undone bulk insert, retired when dropped (also
 /// when a clone taken from them panics, in `roll_back`).
-struct RetireAll<V: Clone + Send + Sync + 'static>(Vec<(RecordPtr<V>, Vec<u64>)>);
+struct RetireAll<'a, V: Clone + Send + Sync + 'static>(
+    &'a RawIndex<V>,
+    Vec<(RecordPtr<V>, Vec<u64>)>,
+);
 
-impl<V: Clone + Send + Sync + 'static> Drop for RetireAll<V> {
+impl<V: Clone + Send + Sync + 'static> Drop for RetireAll<'_, V> {
     fn drop(&mut self) {
-        for (rec, _) in self.0.drain(..) {
-            RawIndex::<V>::retire_record(rec);
+        for (rec, _) in self.1.drain(..) {
+            self.0.retire_record(rec);
         }
     }
 }
@@ -71,9 +74,10 @@ impl BulkBatch {
             return false;
         };
         // SAFETY: the caller holds a read guard and the stripe lock.
+        // A shared insert's id is never the batch's.
         let recent = unsafe { rec.ids() }.iter().any(|&id| {
             let si = (id & ((1 << STRIPE_ID_BITS) - 1)) as usize;
-            id >> STRIPE_ID_BITS >= self.start[si]
+            id & SHARED_ID == 0 && id >> STRIPE_ID_BITS >= self.start[si]
         });
         if recent {
             self.deferred_keys.insert(key);
@@ -161,7 +165,10 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             Err(panic) => {
                 // The values cannot travel with the panic: they are dropped
                 // with their records after a grace period.
-                drop(RetireAll(self.unlink_inserted(&keys, &ids, &inserted)));
+                drop(RetireAll(
+                    self,
+                    self.unlink_inserted(&keys, &ids, &inserted),
+                ));
                 std::panic::resume_unwind(panic)
             }
         }
@@ -286,7 +293,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
 
     /// After a bulk insert releases a stripe lock: rehash, resize or grow
     /// as the run found; a run that stopped on an error hands it back.
-    fn after_bulk_run(
+    pub(super) fn after_bulk_run(
         &self,
         claims: usize,
         long_probe: bool,
@@ -329,28 +336,42 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     ) -> BulkError<V> {
         let unlinked = self.unlink_inserted(keys, ids, inserted);
         let mut back = Vec::new();
-        if rcu::in_read_section() {
-            // Retired on drop, so that a panicking clone leaks nothing.
-            let retire = RetireAll(unlinked);
-            for (rec, gids) in &retire.0 {
-                // SAFETY: unlinked by us and not yet retired: nobody frees
-                // it meanwhile, and its values are initialised.
-                let (rids, rvals) = unsafe { (rec.ids(), rec.values()) };
-                back.extend(
-                    rids.iter()
-                        .zip(rvals)
-                        .filter(|(id, _)| gids.contains(id))
-                        .map(|(&id, v)| (id, v.clone())),
-                );
-            }
-        } else {
+        // A record a shared insert has copied into (or holds) since is not
+        // ours to drain: clones of our values come back from it, as from
+        // every record inside a read section.
+        // SAFETY: each is live: we hold the reference of the slot it was
+        // unlinked from.
+        let (cloned, owned): (Vec<_>, Vec<_>) = unlinked
+            .into_iter()
+            .partition(|(rec, _)| rcu::in_read_section() || unsafe { rec.shared() });
+        // The owned first: a clone that panics below then leaks nothing.
+        if !owned.is_empty() {
             rcu::synchronize();
-            for (rec, gids) in unlinked {
+            for (rec, gids) in owned {
+                // Unshared, so no writer can take a reference any more (that
+                // needs one): ours is the last.
+                // SAFETY: live until freed below.
+                let bytes = unsafe { rec.shared_bytes() };
+                self.shared.bytes.fetch_sub(bytes, Ordering::Relaxed);
                 // SAFETY: unlinked above, a grace period has passed, and we
                 // are the record's only owner.
                 unsafe { rec.free_extracting(|id| gids.contains(&id), &mut back) };
             }
         }
+        // Retired on drop, so that a panicking clone leaks nothing.
+        let retire = RetireAll(self, cloned);
+        for (rec, gids) in &retire.1 {
+            // SAFETY: unlinked by us and not yet retired: nobody frees it
+            // meanwhile, and its values are initialised.
+            let (rids, rvals) = unsafe { (rec.ids(), rec.values()) };
+            back.extend(
+                rids.iter()
+                    .zip(rvals)
+                    .filter(|(id, _)| gids.contains(id))
+                    .map(|(&id, v)| (id, v.clone())),
+            );
+        }
+        drop(retire);
         let pos_of: std::collections::HashMap<u64, usize> =
             inserted.iter().map(|&p| (ids[p], p)).collect();
         for (id, v) in back {

@@ -23,11 +23,14 @@
 //! stripe across rehashes. Under it a writer finds `k`'s live slot anywhere
 //! in the chain and publishes a new record there (copy-on-write), or, for a
 //! new key, claims a slot in the newest table. The old record is retired to
-//! the RCU (dropped after a grace period).
+//! the RCU (dropped after a grace period) once no slot holds it: a record
+//! of a shared insert (`shared.rs`) is in the slots of many keys, each
+//! under its own stripe, and counts them (`record.rs`, "Shared records").
 //!
 //! Writers on different stripes share no counter: the counts of values,
 //! live addresses and record bytes are per stripe, kept under the stripe
-//! lock (the index-wide counts are their sums), and a stripe reserves slot
+//! lock (the index-wide counts are their sums; a shared record's bytes are
+//! counted once, index-wide, by whoever builds or frees it), and a stripe reserves slot
 //! claims in the newest table several at a time (claim credits,
 //! `insert_group_at`). Two threads registering one by one had been
 //! 2.5× slower in total than one thread, mostly on a claim count and an
@@ -46,6 +49,7 @@
 mod bulk;
 pub(crate) mod record;
 mod resize;
+mod shared;
 mod slots;
 pub(crate) mod table;
 
@@ -65,6 +69,21 @@ use crate::sync::{
 
 /// Bits of an entry id that name its stripe.
 const STRIPE_ID_BITS: u32 = 16;
+
+/// Bit set in the ids of shared inserts (`shared.rs`), which name no
+/// stripe: one id serves every address of the insert.
+const SHARED_ID: u64 = 1 << 63;
+
+/// Writer-side counters of shared records (`shared.rs`).
+#[derive(Default)]
+struct SharedCounts {
+    /// Sequence of shared-insert ids.
+    seq: crate::sync::unmodelled::AtomicU64,
+    /// Bytes of the live records built for sharing, counted once however
+    /// many addresses hold them (the stripes count every other record).
+    /// Shared with a chain `clear` retired, whose records are freed later.
+    bytes: std::sync::Arc<crate::sync::unmodelled::AtomicUsize>,
+}
 
 /// Index configuration, validated by the builder.
 #[derive(Clone, Debug)]
@@ -180,6 +199,7 @@ pub(crate) struct RawIndex<V> {
     /// Without a limit the per-stripe counts are the only count, and
     /// writers on different stripes share no counter.
     limited_addrs: CachePadded<AtomicUsize>,
+    shared: SharedCounts,
 }
 
 /// Statistics, assembled by `stats()`.
@@ -267,6 +287,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 .map(|c| Box::new(crate::cache::HitCache::with_valid(c))),
             config,
             _values: PhantomData,
+            shared: SharedCounts::default(),
         }
     }
 
@@ -510,10 +531,20 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         slot.rec.store(rec, Ordering::Release);
     }
 
-    fn retire_record(rec: RecordPtr<V>) {
-        // SAFETY: `rec` was just unlinked from its slot under the stripe
-        // lock; no new reader can reach it, and it is ours to free once a
-        // grace period has passed. `V: Send` lets the reclaimer drop it.
+    /// Gives back one reference to `rec` (a slot's it was just unlinked
+    /// from, or a writer's) and, when it was the last, retires it: freed
+    /// after a grace period.
+    fn retire_record(&self, rec: RecordPtr<V>) {
+        // SAFETY: the caller holds the reference it gives back.
+        if !unsafe { rec.release() } {
+            return;
+        }
+        // SAFETY: the last reference was ours: no slot holds the record,
+        // so no new reader can reach it.
+        let bytes = unsafe { rec.shared_bytes() };
+        self.shared.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        // SAFETY: as above, it is ours to free once a grace period has
+        // passed. `V: Send` lets the reclaimer drop it.
         unsafe { rcu::retire_raw(rec.into_raw().cast(), drop_record::<V>) }
     }
 
@@ -653,16 +684,39 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             // SAFETY: both live: `old` under the caller's guard, `new`
             // because only a writer holding this stripe's lock, as we do,
             // can unlink it.
-            let delta = unsafe { new.bytes() as isize - old.bytes() as isize };
+            let delta = unsafe { new.bytes() as isize - old.private_bytes() };
             stripe.account(n as isize, 0, delta);
             self.bump();
-            Self::retire_record(old);
+            self.retire_record(old);
             return Ok(Some(Group {
                 first,
                 claimed: false,
                 long_probe: false,
             }));
         }
+        let Some((slot, long_probe)) = self.claim_new(st, key)? else {
+            return Ok(None);
+        };
+        let new = RecordPtr::<V>::build(n, (0..n).map(|i| (ids(i), next())));
+        st.next_seq += n as u64;
+        Self::publish(slot, new.into_raw());
+        // SAFETY: `new` is live: only a writer holding this stripe's lock,
+        // as we do, can unlink it.
+        stripe.account(n as isize, 1, unsafe { new.bytes() } as isize);
+        self.bump();
+        Ok(Some(Group {
+            first,
+            claimed: true,
+            long_probe,
+        }))
+    }
+
+    /// Claims a slot in the newest table for `key`, which has no live
+    /// slot: the caller holds its stripe's lock (`st`) and a read guard,
+    /// and publishes the key's record there. `Ok(None)`: the table has no
+    /// room. The flag: the key landed far from its home (ask for a
+    /// rehash).
+    fn claim_new(&self, st: &mut StripeState, key: u64) -> Result<Option<(&Slot, bool)>, Error> {
         let table = self.newest();
         // Claim credits: a stripe reserves claims in the newest table a
         // batch at a time (`credit_batch`) and spends them under its lock,
@@ -697,27 +751,20 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let (slot, dist, fresh) = table.claim(key);
         // A slot that already held the key (a tombstone) costs no credit.
         st.credits -= usize::from(fresh);
-        let new = RecordPtr::<V>::build(n, (0..n).map(|i| (ids(i), next())));
-        st.next_seq += n as u64;
-        Self::publish(slot, new.into_raw());
-        // SAFETY: `new` is live: only a writer holding this stripe's lock,
-        // as we do, can unlink it.
-        stripe.account(n as isize, 1, unsafe { new.bytes() } as isize);
-        self.bump();
-        Ok(Some(Group {
-            first,
-            claimed: true,
-            long_probe: dist > LONG_PROBE && table.claimed() * 2 < table.capacity(),
-        }))
+        Ok(Some((
+            slot,
+            dist > LONG_PROBE && table.claimed() * 2 < table.capacity(),
+        )))
     }
 
     /// Unlinks the entry `id` of `key`; returns the record that held it, to
     /// be retired or drained by the caller after a grace period.
     fn unlink(&self, key: u64, ids: &[u64]) -> Result<RecordPtr<V>, Error> {
         let (si, stripe) = self.stripe(key);
+        // A shared insert's id names no stripe.
         if ids
             .iter()
-            .any(|&id| (id as usize) & ((1 << STRIPE_ID_BITS) - 1) != si)
+            .any(|&id| id & SHARED_ID == 0 && (id as usize) & ((1 << STRIPE_ID_BITS) - 1) != si)
         {
             return Err(Error::NotFound);
         }
@@ -751,11 +798,11 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             unsafe { new.bytes() }
         };
         // SAFETY: `old` is live under our guard.
-        let old_bytes = unsafe { old.bytes() };
+        let old_bytes = unsafe { old.private_bytes() };
         stripe.account(
             -(gone as isize),
             -isize::from(left == 0),
-            new_bytes as isize - old_bytes as isize,
+            new_bytes as isize - old_bytes,
         );
         drop(st);
         self.bump();
@@ -765,7 +812,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// Removes entry `id` of `key`; its value is dropped after a grace period.
     pub(crate) fn remove(&self, key: u64, id: u64) -> Result<(), Error> {
         let old = self.unlink(key, &[id])?;
-        Self::retire_record(old);
+        self.retire_record(old);
         self.after_write(0);
         Ok(())
     }
@@ -775,7 +822,25 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     pub(crate) fn take(&self, key: u64, id: u64) -> Result<V, Error> {
         let old = self.unlink(key, &[id])?;
         self.after_write(0);
+        // SAFETY: we hold the unlinked slot's reference: `old` is live.
+        if unsafe { old.shared() } {
+            // Other addresses (or a writer) hold the record too: the value
+            // stays theirs, and ours is a clone, taken while our reference
+            // keeps the record alive.
+            // SAFETY: as above.
+            let (ids, values) = unsafe { (old.ids(), old.values()) };
+            let pos = ids.iter().position(|&x| x == id);
+            let v = values[pos.expect("the unlinked record held the id")].clone();
+            self.retire_record(old);
+            rcu::synchronize();
+            return Ok(v);
+        }
         rcu::synchronize();
+        // Unshared, so no writer can take a reference any more (that needs
+        // one): ours was the last.
+        // SAFETY: as above.
+        let bytes = unsafe { old.shared_bytes() };
+        self.shared.bytes.fetch_sub(bytes, Ordering::Relaxed);
         let mut out = Vec::with_capacity(1);
         // SAFETY: unlinked under the stripe lock, and a grace period has
         // passed: no reader can still hold it, and we are its only owner.
@@ -795,12 +860,12 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         Self::publish(slot, ptr::null_mut());
         self.release_addr();
         // SAFETY: `old` is live under our guard.
-        let (n, bytes) = unsafe { (old.len(), old.bytes()) };
-        stripe.account(-(n as isize), -1, -(bytes as isize));
+        let (n, bytes) = unsafe { (old.len(), old.private_bytes()) };
+        stripe.account(-(n as isize), -1, -bytes);
         drop(st);
         drop(guard);
         self.bump();
-        Self::retire_record(old);
+        self.retire_record(old);
         self.after_write(0);
         n
     }
@@ -829,9 +894,10 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         st.cursor = 0;
         drop(st);
         self.bump();
+        let chain = Chain::<V>(old, self.shared.bytes.clone(), PhantomData);
         // SAFETY: the chain is unlinked and no writer can reach it (we held
         // every lock while swapping); readers are covered by the grace period.
-        unsafe { rcu::retire_box_raw(Box::into_raw(Box::new(Chain::<V>(old, PhantomData)))) };
+        unsafe { rcu::retire_box_raw(Box::into_raw(Box::new(chain))) };
     }
 
     // ---------------------------------------------------------------- stats
@@ -875,7 +941,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             resizes: self.resizes.load(Ordering::Relaxed),
             rehashes: self.rehashes.load(Ordering::Relaxed),
             table_bytes,
-            record_bytes: self.stripe_sum(|s| &s.record_bytes),
+            record_bytes: self
+                .stripe_sum(|s| &s.record_bytes)
+                .wrapping_add(self.shared.bytes.load(Ordering::Relaxed)),
         }
     }
 
@@ -896,8 +964,12 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
 }
 
 /// A table chain and its live records, dropped together after a grace
-/// period by `clear`.
-struct Chain<V>(*mut Table, PhantomData<V>);
+/// period by `clear`, with the index's count of shared-record bytes.
+struct Chain<V>(
+    *mut Table,
+    std::sync::Arc<crate::sync::unmodelled::AtomicUsize>,
+    PhantomData<V>,
+);
 
 // SAFETY: the chain owns its tables and records; records hold `V: Send`.
 unsafe impl<V: Send> Send for Chain<V> {}
@@ -905,18 +977,23 @@ unsafe impl<V: Send> Send for Chain<V> {}
 impl<V> Drop for Chain<V> {
     fn drop(&mut self) {
         // SAFETY: we own the chain (unlinked, grace period passed).
-        unsafe { free_chain::<V>(self.0) }
+        unsafe { free_chain::<V>(self.0, Some(&self.1)) }
     }
 }
 
-/// Frees a chain of tables and every live record in it. A value whose
-/// destructor panics does not stop the walk: every other record and table
-/// is still freed, then the first panic continues.
+/// Frees a chain of tables and every live record in it (a shared record
+/// when its last slot goes, its bytes taken off `shared_bytes`). A value
+/// whose destructor panics does not stop the walk: every other record and
+/// table is still freed, then the first panic continues.
 ///
 /// # Safety
 ///
-/// The caller owns the chain: no reader or writer can reach it.
-unsafe fn free_chain<V>(mut t: *mut Table) {
+/// The caller owns the chain: no reader can reach it, and no writer
+/// other than one holding its own reference to a shared record in it.
+unsafe fn free_chain<V>(
+    mut t: *mut Table,
+    shared_bytes: Option<&crate::sync::unmodelled::AtomicUsize>,
+) {
     let mut panic = None;
     while !t.is_null() {
         // SAFETY: caller contract; each table came from `Box::into_raw`.
@@ -924,11 +1001,22 @@ unsafe fn free_chain<V>(mut t: *mut Table) {
         for (_, slot) in table.slots() {
             let rec = slot.rec.load(Ordering::Relaxed);
             if is_live(rec) {
+                // SAFETY: a live slot holds a reference to its record (each
+                // slot is visited once, and gives back its own).
+                let rec = unsafe { RecordPtr::<V>::from_raw(rec) };
+                // SAFETY: the slot's reference, given back once.
+                if !unsafe { rec.release() } {
+                    continue; // other slots (or a writer) hold it
+                }
+                if let Some(b) = shared_bytes {
+                    // SAFETY: ours now, not yet freed.
+                    b.fetch_sub(unsafe { rec.shared_bytes() }, Ordering::Relaxed);
+                }
                 let freed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    // SAFETY: live records are owned by their (only) live
-                    // slot, and each slot is visited once. A panic leaves
-                    // the record freed (`RecordPtr::free`).
-                    unsafe { RecordPtr::<V>::from_raw(rec).free() }
+                    // SAFETY: the last reference was this slot's, so the
+                    // record is ours. A panic leaves the record freed
+                    // (`RecordPtr::free`).
+                    unsafe { rec.free() }
                 }));
                 if let Err(p) = freed {
                     panic.get_or_insert(p);
@@ -950,7 +1038,7 @@ impl<V> Drop for RawIndex<V> {
         }
         // SAFETY: `&mut self`: no reader borrows the index (lookups borrow
         // `&'g self`), no writer runs; the chain is ours.
-        unsafe { free_chain::<V>(self.root.ptr.load(Ordering::Relaxed)) }
+        unsafe { free_chain::<V>(self.root.ptr.load(Ordering::Relaxed), None) }
     }
 }
 

@@ -16,10 +16,30 @@
 //! When a copy-on-write replaces record `R` by `R'`, the values that stay are
 //! cloned into `R'`; `R` keeps its own copies, which are dropped with `R`
 //! after the grace period (or moved out of `R` by `take`).
+//!
+//! # Shared records
+//!
+//! A record may be published in the slots of several addresses at once
+//! (`insert_shared`: one value attached to many addresses, as one probe on
+//! thousands of functions). Then a lookup of any of them finds the same
+//! record, which stays in cache, and costs one miss (the slot's line)
+//! instead of two. The header's `refs` counts the live slots that hold
+//! the record, plus any writer holding it across lock releases
+//! ([`RecordPtr::acquire`]); the writer whose [`RecordPtr::release`]
+//! takes it to zero retires (or frees) it. Only writers touch `refs`;
+//! readers never do, and rely on the grace period as for any record.
+//! A record with `refs > 1` holds only ids of shared inserts (a private
+//! record is never published twice), so its ids mean the same at every
+//! address that holds it.
 
 use std::alloc::{Layout, alloc, dealloc, handle_alloc_error};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
+
+use crate::sync::Ordering;
+// Writer-side only, and outside the protocols the loom models check (the
+// readers' side of a record is its publication and grace period).
+use crate::sync::unmodelled::AtomicUsize;
 
 /// The fixed part of a record.
 #[repr(C)]
@@ -27,7 +47,15 @@ pub(crate) struct Header {
     /// Number of values. Invariant: ≥ 1 (an address without values has no
     /// record: its slot holds null).
     len: usize,
+    /// Live slots holding the record, plus writers holding it (see the
+    /// module docs, "Shared records"): 1 when built. [`SHARED_KIND`] is
+    /// set in records built for sharing.
+    refs: AtomicUsize,
 }
+
+/// Bit of `Header::refs` set in a record built by a shared insert or
+/// removal: its bytes are counted once for the index, not per address.
+const SHARED_KIND: usize = 1 << (usize::BITS - 1);
 
 /// Byte offsets of the two arrays in a record of `len` values.
 struct Shape {
@@ -132,6 +160,16 @@ impl<V> RecordPtr<V> {
     ///
     /// When `items` is empty (records always hold at least one value).
     pub(crate) fn build(len: usize, items: impl IntoIterator<Item = (u64, V)>) -> Self {
+        Self::build_kind(len, items, 0)
+    }
+
+    /// [`RecordPtr::build`] of a record meant to be published at several
+    /// addresses (see the module docs, "Shared records").
+    pub(crate) fn build_shared(len: usize, items: impl IntoIterator<Item = (u64, V)>) -> Self {
+        Self::build_kind(len, items, SHARED_KIND)
+    }
+
+    fn build_kind(len: usize, items: impl IntoIterator<Item = (u64, V)>, kind: usize) -> Self {
         assert!(len > 0, "a record holds at least one value");
         let sh = shape::<V>(len);
         // SAFETY: the layout has non-zero size (the header is non-empty).
@@ -165,7 +203,12 @@ impl<V> RecordPtr<V> {
         assert_eq!(partial.written, len, "record builder got too few items");
         std::mem::forget(partial);
         // SAFETY: the header is at offset 0 of the allocation.
-        unsafe { base.cast::<Header>().write(Header { len }) };
+        unsafe {
+            base.cast::<Header>().write(Header {
+                len,
+                refs: AtomicUsize::new(kind | 1),
+            })
+        };
         Self {
             // SAFETY: `base` is non-null (checked above).
             ptr: unsafe { NonNull::new_unchecked(base.cast()) },
@@ -231,6 +274,102 @@ impl<V> RecordPtr<V> {
                 .cast::<u8>()
                 .add(values_offset::<V>())
                 .cast::<V>()
+        }
+    }
+
+    /// Takes one more reference: the record is about to be published in
+    /// one more slot, or a writer keeps it across lock releases.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds a reference already (the record is in a slot whose
+    /// stripe lock the caller holds, or the caller acquired it before), so
+    /// it cannot reach zero meanwhile.
+    pub(crate) unsafe fn acquire(self) {
+        // SAFETY: live (caller contract).
+        let h = unsafe { &*self.ptr.as_ptr() };
+        // Relaxed: the caller's own reference keeps the count above zero,
+        // and a new reference needs no ordering with others (as `Arc`'s
+        // clone).
+        h.refs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Gives back one reference (an unlinked slot's, or a writer's);
+    /// `true` when it was the last: the caller then owns the record and
+    /// retires or frees it.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the reference it gives back, and gives it back
+    /// once.
+    #[must_use]
+    pub(crate) unsafe fn release(self) -> bool {
+        // SAFETY: live until the count reaches zero (caller contract).
+        let h = unsafe { &*self.ptr.as_ptr() };
+        // AcqRel: the Release half orders every writer's reads of the
+        // record (ids and values cloned under its locks) before its
+        // decrement; the last decrement's Acquire half pairs with each
+        // earlier one, so those reads happen before the record is retired
+        // (`Arc`'s drop, with the fence folded into the RMW, which
+        // ThreadSanitizer also sees).
+        h.refs.fetch_sub(1, Ordering::AcqRel) & !SHARED_KIND == 1
+    }
+
+    /// Whether another slot or writer holds the record too (a hint unless
+    /// the caller holds every lock that could change it).
+    ///
+    /// # Safety
+    ///
+    /// As for [`RecordPtr::len`].
+    pub(crate) unsafe fn shared(self) -> bool {
+        // SAFETY: live (caller contract).
+        let h = unsafe { &*self.ptr.as_ptr() };
+        // Relaxed: a count; the caller's own reference keeps it live.
+        h.refs.load(Ordering::Relaxed) & !SHARED_KIND > 1
+    }
+
+    /// Whether the record was built for sharing ([`RecordPtr::build_shared`]).
+    ///
+    /// # Safety
+    ///
+    /// As for [`RecordPtr::len`].
+    pub(crate) unsafe fn shared_kind(self) -> bool {
+        // SAFETY: live (caller contract).
+        let h = unsafe { &*self.ptr.as_ptr() };
+        // Relaxed: the bit is set before the record is published and never
+        // changes.
+        h.refs.load(Ordering::Relaxed) & SHARED_KIND != 0
+    }
+
+    /// The bytes a stripe counts for the record: all of a private
+    /// record's, none of a shared one's (counted once for the index).
+    ///
+    /// # Safety
+    ///
+    /// As for [`RecordPtr::len`].
+    pub(crate) unsafe fn private_bytes(self) -> isize {
+        // SAFETY: caller contract.
+        unsafe {
+            match self.shared_kind() {
+                true => 0,
+                false => self.bytes() as isize,
+            }
+        }
+    }
+
+    /// The bytes the index's shared count holds for the record: all of a
+    /// shared record's, none of a private one's.
+    ///
+    /// # Safety
+    ///
+    /// As for [`RecordPtr::len`].
+    pub(crate) unsafe fn shared_bytes(self) -> usize {
+        // SAFETY: caller contract.
+        unsafe {
+            match self.shared_kind() {
+                true => self.bytes(),
+                false => 0,
+            }
         }
     }
 
