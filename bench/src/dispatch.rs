@@ -70,6 +70,11 @@ pub const NAMES: &[(&str, &str)] = &[
         "one parking_lot Mutex<hashbrown::HashMap<u64, Vec<handler>>> lock per entry; lock-free exit \
          from a thread-local stack of raw handler pointers + data",
     ),
+    (
+        "mutex-hashbrown-shared",
+        "mutex-hashbrown with one Arc<[handler]> for all the addresses of the probe (a handler list \
+         interned, as fprobe's records are)",
+    ),
 ];
 
 /// Builds the dispatchers whose names pass `keep`, in [`NAMES`] order: one
@@ -92,6 +97,12 @@ pub fn build(
             "mutex-hashbrown" => Box::new(Fast(parking_lot::Mutex::new(
                 addrs.iter().map(|&a| (a, vec![handler(exit)])).collect(),
             ))),
+            "mutex-hashbrown-shared" => {
+                let list: Arc<[Handler]> = Arc::new([handler(exit)]);
+                Box::new(Fast(parking_lot::Mutex::new(
+                    addrs.iter().map(|&a| (a, list.clone())).collect(),
+                )))
+            }
             _ => unreachable!("NAMES and build disagree on {name}"),
         };
         out.push((name, d));
@@ -257,11 +268,14 @@ impl<L: TableLock> Dispatch for Locked<L> {
 /// the exit handlers through raw pointers. What it gives up: unregistering
 /// (a pointer on some thread's stack would dangle) and re-entrancy (a
 /// handler calling back in would alias the stack).
-pub struct Fast(parking_lot::Mutex<HashMap<u64, Vec<Handler>, DefaultHashBuilder>>);
+///
+/// `L`: the table's handler list per address, its own (`Vec`) or one
+/// shared by every address of the probe (`Arc<[Handler]>`).
+pub struct Fast<L>(parking_lot::Mutex<HashMap<u64, L, DefaultHashBuilder>>);
 
 /// A pending exit: the probe's handler and its call's data.
 struct FastPending {
-    /// Points into a `Vec<Handler>` of the table, which the benchmark
+    /// Points into a handler list of the table, which the benchmark
     /// never changes after building it (no probe is removed, no address
     /// added), so the pointer stays valid as long as the dispatcher.
     handler: *const Handler,
@@ -296,14 +310,14 @@ unsafe fn fast_shadow() -> &'static mut FastShadow {
     FAST_SHADOW.with(|s| unsafe { &mut *s.get() })
 }
 
-impl Dispatch for Fast {
+impl<L: AsRef<[Handler]> + Send> Dispatch for Fast<L> {
     #[inline]
     fn on_entry(&self, addr: u64, _ret_addr: u64, hits: &Hits) {
         // SAFETY: the one reference on this thread (see `fast_shadow`).
         let s = unsafe { fast_shadow() };
         let mut n = 0u32;
         let map = self.0.lock();
-        for h in map.get(&addr).map_or(&[][..], Vec::as_slice) {
+        for h in map.get(&addr).map_or(&[][..], AsRef::as_ref) {
             let mut data = [0u8; DATA];
             (h.entry)(addr, hits, &mut data);
             if h.exit.is_some() {
