@@ -125,8 +125,22 @@ fn guard() -> &'static Guard {
     GUARD.with(|g| unsafe { &*(g as *const Guard) })
 }
 
-/// A context level whose handlers are running; leaves it on drop.
+/// A context level whose handlers are running; leaves it on drop. Holds
+/// the mask that clears the level's bit (`!(1 << level)`), so that leaving
+/// is one `and`.
 pub(super) struct Level(u32);
+
+impl Level {
+    #[inline(always)]
+    const fn of(level: u32) -> Self {
+        Level(!(1 << level))
+    }
+
+    #[cfg(test)]
+    fn level(&self) -> u32 {
+        (!self.0).trailing_zeros()
+    }
+}
 
 /// What a hit may do.
 pub(super) enum Entered {
@@ -160,7 +174,7 @@ pub(super) fn enter() -> Entered {
     let busy = g.busy.get();
     if busy == 0 {
         g.busy.set(1);
-        return Entered::Run(Level(0));
+        return Entered::Run(Level::of(0));
     }
     enter_nested(g, busy)
 }
@@ -190,14 +204,14 @@ fn enter_nested(g: &Guard, busy: u32) -> Entered {
     g.masks[level as usize].set(cur);
     g.busy.set(busy | 1 << level);
     g.masks[level as usize].set(cur);
-    Entered::Run(Level(level))
+    Entered::Run(Level::of(level))
 }
 
 impl Drop for Level {
     #[inline(always)]
     fn drop(&mut self) {
         let g = guard();
-        g.busy.set(g.busy.get() & !(1 << self.0));
+        g.busy.set(g.busy.get() & self.0);
     }
 }
 
@@ -216,14 +230,14 @@ mod tests {
     fn nested_entry_in_the_same_context_is_refused() {
         init_thread();
         let outer = run(enter());
-        assert_eq!(outer.0, 0);
+        assert_eq!(outer.level(), 0);
         assert!(
             matches!(enter(), Entered::Recursion),
             "same mask: recursion"
         );
         drop(outer);
         let again = run(enter());
-        assert_eq!(again.0, 0);
+        assert_eq!(again.level(), 0);
         drop(again);
         set_ignored(true);
         assert!(matches!(enter(), Entered::Ignored));
@@ -245,7 +259,7 @@ mod tests {
             libc::sigaddset(&mut set, libc::SIGUSR2);
             libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
             let inner = run(enter());
-            assert_eq!(inner.0, 1);
+            assert_eq!(inner.level(), 1);
             assert!(
                 matches!(enter(), Entered::Recursion),
                 "recursion inside the new context"
