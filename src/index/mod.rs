@@ -375,7 +375,8 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
     }
 
     /// Removes the value `id` of `addr`, waits for a grace period, and
-    /// returns it.
+    /// returns it. A value of [`insert_shared`](Self::insert_shared) that
+    /// other addresses still hold comes back as a clone (theirs stays).
     ///
     /// # Errors
     ///
