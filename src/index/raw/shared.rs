@@ -9,7 +9,8 @@
 //! `R + value`, built once per `R` and memoised for the other addresses
 //! holding `R`. A removal does the same with `R − value` (or no record).
 //! So one probe on 50,000 functions is one record, a second probe on the
-//! same functions one more, and removing either leaves one again.
+//! same functions turns it into one record holding both, and removing
+//! either leaves one record again.
 //!
 //! The operation holds its own reference to every record in its memo
 //! (each `R` and each copy it built) and to the fresh record until it
