@@ -1005,6 +1005,21 @@ fn a_shared_insert_is_one_record_for_all_its_addresses() {
         s.memory_bytes,
         p.memory_bytes
     );
+    // A second value on the same addresses: one record holding both
+    // replaces the first, and removing it leaves one record again.
+    let second = shared.insert_shared(&addrs, [8u64; 3]).unwrap();
+    let both = shared.stats().memory_bytes;
+    assert!(
+        both > s.memory_bytes && both - s.memory_bytes < per_record,
+        "two values: {both} bytes, one: {}",
+        s.memory_bytes
+    );
+    assert_eq!(
+        shared.lookup(addrs[9], |v| v.to_vec()),
+        Some(vec![[7; 3], [8; 3]])
+    );
+    assert_eq!(shared.remove_shared(&addrs, second), n as usize);
+    assert_eq!(shared.stats().memory_bytes, s.memory_bytes);
     assert_eq!(shared.remove_shared(&addrs, id), n as usize);
     assert!(shared.is_empty());
     assert_eq!(shared.remove_shared(&addrs, id), 0, "removed twice");

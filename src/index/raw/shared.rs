@@ -61,18 +61,21 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let seq = self.shared.seq.fetch_add(1, Ordering::Relaxed);
         let id = SHARED_ID | seq << STRIPE_ID_BITS;
         let order = self.by_stripe(keys);
+        // Presized for the addresses that are new (a second probe on the
+        // same functions adds none): concurrent writers may make the
+        // count short, and then the table grows during the insert.
+        let guard = rcu::read_lock();
+        let new_keys = order
+            .iter()
+            .filter(|&&k| self.lookup_raw(k).is_null())
+            .count();
+        drop(guard);
         if let Some(max) = self.config.max_addresses {
-            let guard = rcu::read_lock();
-            let new_keys = order
-                .iter()
-                .filter(|&&k| self.lookup_raw(k).is_null())
-                .count();
-            drop(guard);
             if self.limited_addrs.load(Ordering::Relaxed) + new_keys > max {
                 return Err((Error::CapacityExceeded { max_addresses: max }, value));
             }
         }
-        self.presize(order.len());
+        self.presize(new_keys);
         let mut done = 0;
         let runs = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.insert_shared_runs(&order, id, &value, &mut done)
