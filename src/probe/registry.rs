@@ -95,9 +95,20 @@ pub(super) struct ProbeSlot<C> {
 }
 
 /// Registration bookkeeping, under the registry mutex.
+/// Where a registered probe is in the index, to take it out again.
+#[derive(Clone, Default)]
+enum Attached {
+    #[default]
+    Nowhere,
+    /// One shared insert: one id at all of the addresses.
+    Shared(Vec<u64>, crate::EntryId),
+    /// One entry per address.
+    Each(Vec<(u64, crate::EntryId)>),
+}
+
 struct Book {
-    /// Per slot: the (address, entry id) pairs of the registered probe.
-    attached: Vec<Vec<(u64, crate::EntryId)>>,
+    /// Per slot: where the registered probe is in the index.
+    attached: Vec<Attached>,
     free: Vec<u32>,
     /// Per slot: the slot's counter sums when its current probe was
     /// registered. Counters are per slot and never reset (each thread's are
@@ -275,7 +286,7 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
                 })
                 .collect(),
             book: Mutex::new(Book {
-                attached: vec![Vec::new(); self.max_probes],
+                attached: vec![Attached::Nowhere; self.max_probes],
                 free: (0..self.max_probes as u32).rev().collect(),
                 base: vec![[0; NCOUNTERS]; self.max_probes],
                 dirty: vec![false; self.max_probes],
@@ -413,14 +424,18 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 let value = items[0].1;
                 self.index
                     .insert_shared(&addrs, value)
-                    .map(|id| vec![id; addrs.len()])
+                    .map(|id| Attached::Shared(addrs, id))
                     .map_err(|e| e.error)
             }
-            false => self.index.insert_many(items).map_err(|e| e.error),
+            false => self
+                .index
+                .insert_many(items)
+                .map(|ids| Attached::Each(addrs.into_iter().zip(ids).collect()))
+                .map_err(|e| e.error),
         };
         match inserted {
-            Ok(ids) => {
-                book.attached[slot as usize] = addrs.into_iter().zip(ids).collect();
+            Ok(attached) => {
+                book.attached[slot as usize] = attached;
                 Ok(ProbeHandle { slot, generation })
             }
             Err(e) => {
@@ -481,15 +496,14 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 .store(state(h.generation + 1, false), Ordering::Release);
             std::mem::take(&mut book.attached[h.slot as usize])
         };
-        // (2) Out of the index: a shared insert's one id from all of its
-        // addresses at once (ids are otherwise unique per address).
-        match attached.split_first() {
-            Some((&(_, id), rest)) if !rest.is_empty() && rest.iter().all(|&(_, x)| x == id) => {
-                let addrs: Vec<u64> = attached.iter().map(|&(a, _)| a).collect();
+        // (2) Out of the index.
+        match attached {
+            Attached::Nowhere => {}
+            Attached::Shared(addrs, id) => {
                 self.index.remove_shared(&addrs, id);
             }
-            _ => {
-                for (addr, id) in attached {
+            Attached::Each(entries) => {
+                for (addr, id) in entries {
                     let _ = self.index.remove(addr, id);
                 }
             }
