@@ -431,12 +431,12 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 // (an `Unrun` here would land on the slot's next probe).
                 continue;
             }
-            let unrun = || {
+            let bump = |which| {
                 // SAFETY: `slot_idx` indexes `self.slots` (checked above),
-                // and every thread's counters cover its length (so for the
-                // bumps below).
-                unsafe { counters.bump(slot_idx, Counter::Unrun) }
+                // and every thread's counters cover its length.
+                unsafe { counters.bump(slot_idx, which) }
             };
+            let unrun = || bump(Counter::Unrun);
             if !RUN {
                 unrun();
                 continue;
@@ -444,8 +444,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             match entered {
                 Entered::Run(_) => {}
                 Entered::Recursion => {
-                    // SAFETY: as above.
-                    unsafe { counters.bump(slot_idx, Counter::Recursion) };
+                    bump(Counter::Recursion);
                     unrun();
                     continue;
                 }
@@ -473,8 +472,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 (Some(exit), _) => exit,
                 (None, Some(h)) => {
                     call_c_exit(h, addr, ret_addr, cookie, ctx, data);
-                    // SAFETY: as above.
-                    unsafe { counters.bump(slot_idx, Counter::Exits) };
+                    bump(Counter::Exits);
                     continue;
                 }
                 (None, None) => {
@@ -490,11 +488,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 data,
             };
             match catch_unwind(AssertUnwindSafe(|| exit(&xc))) {
-                // SAFETY: as above.
-                Ok(()) => unsafe { counters.bump(slot_idx, Counter::Exits) },
+                Ok(()) => bump(Counter::Exits),
                 Err(_) => {
-                    // SAFETY: as above.
-                    unsafe { counters.bump(slot_idx, Counter::Panics) };
+                    bump(Counter::Panics);
                     unrun();
                 }
             }
