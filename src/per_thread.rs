@@ -77,10 +77,10 @@ std::thread_local! {
     /// Gives the index back when the thread exits.
     static RELEASE: Release = const { Release };
     /// Per [`CacheSlot`]: the `PerThread` this thread last found its value
-    /// in (its `id`; 0: none, [`BUSY`]: being written) and that value, a
-    /// one-entry cache in front of the buckets. Invariant: `LAST_VALUE[k]`
-    /// is this thread's value in the `PerThread` named by `LAST_ID[k]`
-    /// whenever that is neither 0 nor `BUSY`, except while `remember`
+    /// in (a key it had; 0: none, [`BUSY`]: being written) and that value,
+    /// a one-entry cache in front of the buckets. Invariant:
+    /// `LAST_VALUE[k]` is this thread's value in the `PerThread` that had
+    /// the key in `LAST_ID[k]` whenever that is neither 0 nor `BUSY`, except while `remember`
     /// writes the pair (see there, and `get` for how a reader that a
     /// signal handler interrupts, or that is a signal handler, copes).
     /// Atomics, accessed Relaxed by this thread only, so that the compiler
@@ -109,12 +109,12 @@ pub(crate) enum CacheSlot {
     Pool = 2,
 }
 
-/// Ids of `PerThread`s: never reused, so a cache entry of a dropped one
-/// can never match again.
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+/// Keys of `PerThread`s: never reused, so a cache entry of a dropped one,
+/// or one made under an older key, can never match again.
+static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
 
-/// Caches `value` as this thread's value in the `PerThread` `id`, in
-/// cache slot `k`.
+/// Caches `value` as this thread's value in the `PerThread` that has (or
+/// had) key `key`, in cache slot `k`.
 ///
 /// Signal handlers on this thread are the only other users of the cells
 /// (Relaxed atomics; the compiler fences keep the program order). A
@@ -123,7 +123,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// this call writes stays whole. A handler that runs before `BUSY` is
 /// stored writes a whole pair of its own, which this call then replaces.
 #[inline]
-fn remember(k: usize, id: u64, value: *const ()) {
+fn remember(k: usize, key: u64, value: *const ()) {
     LAST_ID.with(|l| {
         // Relaxed, all: this thread's own cells (see above).
         if l[k].load(Ordering::Relaxed) == BUSY {
@@ -134,7 +134,7 @@ fn remember(k: usize, id: u64, value: *const ()) {
         compiler_fence(Ordering::SeqCst);
         LAST_VALUE.with(|v| v[k].store(value.cast_mut(), Ordering::Relaxed));
         compiler_fence(Ordering::SeqCst);
-        l[k].store(id, Ordering::Relaxed);
+        l[k].store(key, Ordering::Relaxed);
     });
 }
 
@@ -210,11 +210,13 @@ struct Entry<T> {
 }
 
 /// One `T` per thread, owned by an object; see the module docs.
-pub(crate) struct PerThread<T> {
-    /// Unique, non-zero: the key of the thread-local one-entry cache.
-    id: u64,
-    /// Which one-entry cache.
-    slot: CacheSlot,
+///
+/// `SLOT` is the thread-local one-entry cache it uses (a [`CacheSlot`] as
+/// `usize`), a constant so that the cache's address is too.
+pub(crate) struct PerThread<T, const SLOT: usize> {
+    /// Unique, non-zero, never reused: the key of the thread-local
+    /// one-entry cache. Changed by [`rekey`](Self::rekey).
+    key: AtomicU64,
     /// Bucket `b`: null, or `2^b` entries from `Box<[Entry<T>]>::into_raw`.
     buckets: [AtomicPtr<Entry<T>>; BUCKETS],
 }
@@ -222,15 +224,15 @@ pub(crate) struct PerThread<T> {
 // SAFETY: values are handed out as `&T` to their owning thread and, through
 // `iter`, to any thread, so `T: Sync` is required; they are dropped by
 // whichever thread drops the `PerThread`, so `T: Send` too.
-unsafe impl<T: Send + Sync> Sync for PerThread<T> {}
+unsafe impl<T: Send + Sync, const SLOT: usize> Sync for PerThread<T, SLOT> {}
 // SAFETY: as above.
-unsafe impl<T: Send + Sync> Send for PerThread<T> {}
+unsafe impl<T: Send + Sync, const SLOT: usize> Send for PerThread<T, SLOT> {}
 
-impl<T> PerThread<T> {
-    pub(crate) fn new(slot: CacheSlot) -> Self {
+impl<T, const SLOT: usize> PerThread<T, SLOT> {
+    pub(crate) fn new() -> Self {
+        const { assert!(SLOT < CACHE_SLOTS) };
         Self {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            slot,
+            key: AtomicU64::new(NEXT_KEY.fetch_add(1, Ordering::Relaxed)),
             buckets: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
         }
     }
@@ -253,34 +255,54 @@ impl<T> PerThread<T> {
     /// The calling thread's value, if it has one. Async-signal-safe.
     #[inline(always)]
     pub(crate) fn get(&self) -> Option<&T> {
-        let k = self.slot as usize;
-        // Id, value, id again (Relaxed: this thread's own cells, ordered by
-        // the compiler fences against its signal handlers): a handler that
-        // rewrote the pair between the two id loads leaves the second one
-        // different (it wrote `BUSY` and another id) or the same pair (the
-        // same id with the same value: each thread has one value per
-        // `PerThread`), so a match on both means the value belongs to the
-        // id.
+        match self.get_cached() {
+            Some(v) => Some(v),
+            None => self.get_uncached(),
+        }
+    }
+
+    /// The calling thread's value if the thread-local cache holds it under
+    /// the current key (see [`rekey`](Self::rekey)). Async-signal-safe.
+    #[inline(always)]
+    pub(crate) fn get_cached(&self) -> Option<&T> {
+        // Relaxed: a rekey is ordered before the lookups that must miss by
+        // the caller's own synchronisation (see `rekey`).
+        let key = self.key.load(Ordering::Relaxed);
+        // Key, value, key again (Relaxed: this thread's own cells, ordered
+        // by the compiler fences against its signal handlers): a handler
+        // that rewrote the pair between the two key loads leaves the second
+        // one different (it wrote `BUSY` and another key) or the same pair
+        // (the same key with the same value: each thread has one value per
+        // `PerThread`, and keys are never reused), so a match on both means
+        // the value belongs to the key.
         let hit = LAST_ID.with(|l| {
-            if l[k].load(Ordering::Relaxed) != self.id {
+            if l[SLOT].load(Ordering::Relaxed) != key {
                 return None;
             }
             compiler_fence(Ordering::SeqCst);
-            let v = LAST_VALUE.with(|v| v[k].load(Ordering::Relaxed));
+            let v = LAST_VALUE.with(|v| v[SLOT].load(Ordering::Relaxed));
             compiler_fence(Ordering::SeqCst);
-            (l[k].load(Ordering::Relaxed) == self.id).then_some(v)
+            (l[SLOT].load(Ordering::Relaxed) == key).then_some(v)
         });
-        match hit {
-            // SAFETY: the invariant of `LAST_ID`, checked above: this
-            // thread's value in `self`, which lives as long as `self`.
-            Some(v) => Some(unsafe { &*v.cast::<T>() }),
-            None => self.get_uncached(),
-        }
+        // SAFETY: the invariant of `LAST_ID`, checked above: this thread's
+        // value in the `PerThread` whose key it is, `self` (keys are never
+        // reused), which lives as long as `self`.
+        hit.map(|v| unsafe { &*v.cast::<T>() })
     }
 
     /// [`get`](Self::get) through the buckets; remembers what it finds.
     #[inline]
     fn get_uncached(&self) -> Option<&T> {
+        let key = self.key();
+        let v = self.find()?;
+        self.remember(v, key);
+        Some(v)
+    }
+
+    /// The calling thread's value through the buckets, without touching
+    /// the thread-local cache. Async-signal-safe.
+    #[inline]
+    pub(crate) fn find(&self) -> Option<&T> {
         let (bucket, offset, generation) = ID.get();
         let e = self.entry(bucket, offset)?;
         // Relaxed: only this thread stores its own generation; a match means
@@ -290,9 +312,35 @@ impl<T> PerThread<T> {
         }
         // SAFETY: owned by this thread, so initialised (invariant of
         // `owner`); shared access only.
-        let v = unsafe { (*e.value.get()).assume_init_ref() };
-        remember(self.slot as usize, self.id, (v as *const T).cast());
-        Some(v)
+        Some(unsafe { (*e.value.get()).assume_init_ref() })
+    }
+
+    /// The current key: what [`get_cached`](Self::get_cached) matches the
+    /// thread-local cache against.
+    #[inline]
+    pub(crate) fn key(&self) -> u64 {
+        // Relaxed: as in `get_cached`.
+        self.key.load(Ordering::Relaxed)
+    }
+
+    /// Caches `v`, the calling thread's value (from [`find`](Self::find)
+    /// or [`get_or`](Self::get_or)), under `key`, a key this `PerThread`
+    /// had ([`key`](Self::key)): if it has been rekeyed since, the entry
+    /// never matches again. Async-signal-safe.
+    #[inline]
+    pub(crate) fn remember(&self, v: &T, key: u64) {
+        remember(SLOT, key, (v as *const T).cast());
+    }
+
+    /// Gives the `PerThread` a new key, never used before: every thread's
+    /// next [`get_cached`](Self::get_cached) misses, so that its owner can
+    /// look at the value (in its slow path) before caching it again. Seen
+    /// by every lookup that happens after this call returns (through the
+    /// caller's own synchronisation, such as publishing the object).
+    pub(crate) fn rekey(&self) {
+        // Relaxed: see above.
+        self.key
+            .store(NEXT_KEY.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
     }
 
     /// The calling thread's value, made with `init` if its index never had
@@ -301,7 +349,7 @@ impl<T> PerThread<T> {
     /// destroyed.
     #[cold]
     pub(crate) fn get_or(&self, init: impl FnOnce() -> T, adopt: impl FnOnce(&T)) -> Option<&T> {
-        if let Some(v) = self.get() {
+        if let Some(v) = self.find() {
             return Some(v);
         }
         let (bucket, offset, generation) = register_thread()?;
@@ -372,7 +420,7 @@ impl<T> PerThread<T> {
     }
 }
 
-impl<T> Drop for PerThread<T> {
+impl<T, const SLOT: usize> Drop for PerThread<T, SLOT> {
     fn drop(&mut self) {
         for (b, slot) in self.buckets.iter().enumerate() {
             let p = slot.load(Ordering::Relaxed);
@@ -411,7 +459,7 @@ mod tests {
 
     #[test]
     fn each_thread_gets_its_own_value_and_exited_threads_values_are_adopted() {
-        let pt = Arc::new(PerThread::<AtomicUsize>::new(CacheSlot::Registry));
+        let pt = Arc::new(PerThread::<AtomicUsize, { CacheSlot::Registry as usize }>::new());
         let made = Arc::new(AtomicUsize::new(0));
         let n = if cfg!(miri) { 3 } else { 16 };
         for round in 0..3 {
@@ -453,7 +501,7 @@ mod tests {
                 self.0.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let pt = PerThread::<D>::new(CacheSlot::HitCache);
+        let pt = PerThread::<D, { CacheSlot::HitCache as usize }>::new();
         assert!(pt.get().is_none());
         pt.get_or(|| D(drops.clone()), |_| {}).unwrap();
         std::thread::scope(|s| {

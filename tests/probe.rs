@@ -240,6 +240,53 @@ fn a_pairing_reset_keeps_returns_taken_over() {
     assert_eq!(exits.load(Ordering::Relaxed), 2);
 }
 
+/// A pairing reset made inside a handler, followed by a dispatch nested in
+/// that handler: the nested dispatch cannot empty the stack (the outer
+/// call's frame is being built) and must not treat it as current either,
+/// so the next outermost dispatch still forgets the outer call.
+#[test]
+fn a_pairing_reset_inside_a_handler_is_applied_by_the_next_outer_dispatch() {
+    static REG: std::sync::OnceLock<Registry<()>> = std::sync::OnceLock::new();
+    let reg = REG.get_or_init(|| Registry::<()>::builder().build().unwrap());
+    let exits = counter();
+    let e = exits.clone();
+    let probe = Fprobe::<()>::builder()
+        .entry(|e| {
+            if e.addr != 0x10 {
+                return EntryAction::Continue;
+            }
+            let reg = REG.get().unwrap();
+            reg.reset_pairing();
+            // Unprobed: a dispatch all the same, nested in this one.
+            reg.on_entry(0x30, 0, &());
+            reg.on_exit(0, &());
+            EntryAction::Continue
+        })
+        .exit(move |_| {
+            e.fetch_add(1, Ordering::Relaxed);
+        })
+        .build();
+    let h = reg.register(probe, &[0x10, 0x20]).unwrap();
+    reg.on_entry(0x10, 0, &());
+    assert_eq!(reg.stats(h).unwrap().in_flight, 1, "kept, in the old epoch");
+    reg.on_exit(0, &());
+    let s = reg.stats(h).unwrap();
+    assert_eq!(
+        (exits.load(Ordering::Relaxed), s.exits, s.in_flight),
+        (0, 0, 0),
+        "the exit's dispatch forgot the call: {s:?}"
+    );
+    // The thread is in the new epoch now: calls pair again.
+    reg.on_entry(0x20, 0, &());
+    reg.on_exit(0, &());
+    let s = reg.stats(h).unwrap();
+    assert_eq!(
+        (exits.load(Ordering::Relaxed), s.exits, s.in_flight),
+        (1, 1, 0),
+        "{s:?}"
+    );
+}
+
 #[test]
 fn several_probes_on_one_address_run_in_registration_order() {
     let reg = Registry::<()>::builder().build().unwrap();

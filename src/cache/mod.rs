@@ -792,7 +792,7 @@ pub struct HitCache<A: Answer> {
     config: HitCacheConfig,
     /// Each thread's cache (in per-CPU mode: its counters and bypass
     /// state), freed with the cache.
-    locals: PerThread<ThreadCache<A>>,
+    locals: PerThread<ThreadCache<A>, { CacheSlot::HitCache as usize }>,
     /// The write generation, advanced by every invalidation (for an index:
     /// every record publish or unlink).
     generation: CachePadded<unmodelled::AtomicU64>,
@@ -870,7 +870,7 @@ impl<A: Answer> HitCache<A> {
     pub(crate) fn with_valid(config: HitCacheConfig) -> Self {
         Self {
             config,
-            locals: PerThread::new(CacheSlot::HitCache),
+            locals: PerThread::new(),
             generation: CachePadded(unmodelled::AtomicU64::new(0)),
             per_cpu: if config.per_cpu {
                 crate::cpu::source().map(|source| {

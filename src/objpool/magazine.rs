@@ -199,7 +199,8 @@ impl Magazine {
 /// The magazines of one pool: one per thread that used it.
 pub(crate) struct Magazines {
     #[cfg(not(loom))]
-    per_thread: crate::per_thread::PerThread<Magazine>,
+    per_thread:
+        crate::per_thread::PerThread<Magazine, { crate::per_thread::CacheSlot::Pool as usize }>,
     /// Under loom thread-locals are not per model thread; model thread `n`
     /// uses magazine `n`.
     #[cfg(loom)]
@@ -210,7 +211,7 @@ impl Magazines {
     pub(crate) fn new() -> Self {
         Self {
             #[cfg(not(loom))]
-            per_thread: crate::per_thread::PerThread::new(crate::per_thread::CacheSlot::Pool),
+            per_thread: crate::per_thread::PerThread::new(),
             #[cfg(loom)]
             fixed: (0..4).map(|_| Magazine::new()).collect(),
         }

@@ -119,10 +119,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
         sp: u64,
         ctx: &C,
     ) -> bool {
-        let Some(local) = self.local() else {
+        let Some(local) = self.enter_local() else {
             return false;
         };
-        self.begin(local);
         let attached = self.index.get(addr, guard);
         // `Some(kept)` when the probes ran and `entry_frame` pushed the
         // call's frame (or marker); `None` when nothing ran.
@@ -322,8 +321,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// handler to run.
     #[inline(always)]
     fn on_exit_with<G>(&self, ret_addr: u64, ctx: &C, section: impl FnOnce() -> G) {
-        let Some(local) = self.local() else { return };
-        self.begin(local);
+        let Some(local) = self.enter_local() else {
+            return;
+        };
         if let Some(top) = local.pop() {
             let _section = section();
             let base = self.exit_frame::<false, true>(local, top, ret_addr, ctx);
@@ -350,8 +350,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// See [`on_entry_taking_return`](Self::on_entry_taking_return).
     #[inline]
     pub fn on_return(&self, sp: u64, ctx: &C) -> Option<u64> {
-        let local = self.local()?;
-        self.begin(local);
+        let local = self.enter_local()?;
         let ret = {
             let _section = rcu::read_lock();
             loop {
@@ -497,17 +496,6 @@ impl<C: Send + Sync + 'static> Registry<C> {
         }
         drop(entered);
         p
-    }
-
-    /// Starts a dispatch on `local` ([`ShadowStack::begin`]), emptying it
-    /// first when it belongs to an older pairing epoch.
-    #[inline(always)]
-    pub(super) fn begin(&self, local: &ShadowStack) {
-        // Relaxed: see `reset_pairing`.
-        let epoch = self.epoch.load(Ordering::Relaxed);
-        if local.begin(epoch) {
-            self.forget_frames(local, Some(epoch));
-        }
     }
 
     /// Empties a stack of an older pairing epoch, down to its topmost

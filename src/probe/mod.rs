@@ -91,8 +91,8 @@
 //! # Performance
 //!
 //! An entry is: an RCU read-side section, the thread's state (a one-entry
-//! thread-local cache, else the `PerThread` buckets), the pairing-epoch
-//! check, the index lookup, the recursion guard, per attachment one load of
+//! thread-local cache keyed by the pairing epoch, else the `PerThread`
+//! buckets), the index lookup, the recursion guard, per attachment one load of
 //! the slot's state word, a counter increment and the handler call, and a
 //! frame push. A marker exit is the thread's state and one pop; a full exit
 //! adds a read-side section, the guard, and per kept handler three stack

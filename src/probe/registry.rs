@@ -154,13 +154,14 @@ pub struct Registry<C: 'static> {
     pub(super) slots: Box<[ProbeSlot<C>]>,
     book: Mutex<Book>,
     /// Each thread's shadow stack and counters, freed with the registry.
-    pub(super) locals: PerThread<ShadowStack>,
+    /// Its key changes at every [`reset_pairing`](Registry::reset_pairing):
+    /// a stack cached under the current key belongs to the current pairing
+    /// epoch (the key is the epoch; see `enter_local`).
+    pub(super) locals: PerThread<ShadowStack, { CacheSlot::Registry as usize }>,
     /// Words of each thread's shadow stack.
     stack_words: usize,
     /// Largest per-call data a probe may ask for, in bytes.
     data_size: usize,
-    /// Bumped by [`reset_pairing`](Registry::reset_pairing).
-    pub(super) epoch: AtomicU64,
 }
 
 /// Builds a [`Registry`].
@@ -291,10 +292,9 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
                 base: vec![[0; NCOUNTERS]; self.max_probes],
                 dirty: vec![false; self.max_probes],
             }),
-            locals: PerThread::new(CacheSlot::Registry),
+            locals: PerThread::new(),
             stack_words,
             data_size: self.data_size,
-            epoch: AtomicU64::new(0),
         })
     }
 }
@@ -629,14 +629,16 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// The probe's calls in flight on other threads than this one: the
     /// sum over threads less this thread's own kept return entries.
     fn in_flight_elsewhere(&self, h: ProbeHandle) -> Result<u64, Error> {
-        let Some(local) = self.locals.get() else {
+        if self.locals.find().is_none() {
             return Ok(self.stats(h)?.in_flight);
-        };
+        }
         // Inside a dispatch's `begin`/`end`, as the walk's reads need: a
         // signal handler's dispatch meanwhile then neither forgets the
         // frames nor writes below `top`. Frames of an older pairing epoch
         // are forgotten first (their `Unrun`s before the sum is read).
-        self.begin(local);
+        let Some(local) = self.enter_local() else {
+            return Ok(self.stats(h)?.in_flight);
+        };
         let total = self.stats(h).map(|s| s.in_flight);
         let mut own = 0;
         local.each_return_entry(0, |slot, generation| {
@@ -677,9 +679,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// returns (through the synchronisation that makes the engine start
     /// dispatching again, such as publishing the registry to its hooks).
     pub fn reset_pairing(&self) {
-        // Relaxed: ordered before the dispatches that must see it by the
-        // caller's own publication (see above).
-        self.epoch.fetch_add(1, Ordering::Relaxed);
+        // Ordered before the dispatches that must see it by the caller's
+        // own publication (see above), as `rekey` requires.
+        self.locals.rekey();
     }
 
     /// Creates the calling thread's dispatch state now, so that its
@@ -687,29 +689,60 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// the first dispatch on a thread does it otherwise.
     pub fn prepare_thread(&self) {
         rcu::register_thread();
-        let _ = self.local();
+        if let Some(local) = self.enter_local() {
+            local.end();
+        }
     }
 
-    /// This thread's state, created on first use; `None` while the
-    /// thread's thread-locals are being destroyed.
+    /// Starts a dispatch on this thread's state ([`ShadowStack::begin`]),
+    /// made on first use, and returns it; `None` while the thread's
+    /// thread-locals are being destroyed. The caller ends the dispatch
+    /// ([`ShadowStack::end`]).
+    ///
+    /// A stack found in the thread-local cache belongs to the current
+    /// pairing epoch: the cache is keyed by the key of `locals`, which
+    /// every [`reset_pairing`](Self::reset_pairing) changes, and a stack is
+    /// cached only under the key it was emptied into. So the fast path
+    /// checks no epoch; a stack of an older one is found through the slow
+    /// path, which empties it first.
     #[inline(always)]
-    pub(super) fn local(&self) -> Option<&ShadowStack> {
-        match self.locals.get() {
-            Some(l) => Some(l),
-            None => self.local_slow(),
+    pub(super) fn enter_local(&self) -> Option<&ShadowStack> {
+        match self.locals.get_cached() {
+            Some(l) => {
+                l.begin();
+                Some(l)
+            }
+            None => self.enter_local_slow(),
         }
     }
 
     #[cold]
-    fn local_slow(&self) -> Option<&ShadowStack> {
-        recursion::init_thread();
-        // Relaxed: a fresh stack has nothing to forget; any epoch will do.
-        let epoch = self.epoch.load(Ordering::Relaxed);
-        self.locals.get_or(
-            || ShadowStack::new(self.stack_words, self.slots.len(), epoch),
-            // Frames of the exited thread end as unrun.
-            |s| self.forget_frames(s, None),
-        )
+    #[inline(never)]
+    fn enter_local_slow(&self) -> Option<&ShadowStack> {
+        // The key before the stack is looked at: if it changes meanwhile,
+        // the stack is cached under a key that no longer matches.
+        let key = self.locals.key();
+        let local = match self.locals.find() {
+            Some(l) => l,
+            None => {
+                recursion::init_thread();
+                self.locals.get_or(
+                    || ShadowStack::new(self.stack_words, self.slots.len(), key),
+                    // Frames of the exited thread end as unrun.
+                    |s| self.forget_frames(s, None),
+                )?
+            }
+        };
+        // Emptied only by the outermost dispatch: an inner one (a handler's,
+        // or a signal handler's) runs on the older epoch's frames, caches
+        // nothing, and the next outermost dispatch comes here again.
+        if local.begin() && local.epoch() != key {
+            self.forget_frames(local, Some(key));
+        }
+        if local.epoch() == key {
+            self.locals.remember(local, key);
+        }
+        Some(local)
     }
 }
 

@@ -73,7 +73,8 @@ pub(super) struct ShadowStack {
     /// only when a handler or a signal handler dispatched inside one).
     /// Owner-only.
     active: Cell<u32>,
-    /// The registry's pairing epoch this stack belongs to. Owner-only.
+    /// The registry's pairing epoch this stack belongs to (a key of the
+    /// registry's `locals`). Owner-only.
     epoch: Cell<u64>,
     /// `cap` words from `Box<[u64]>::into_raw`. Owner-only.
     stack: NonNull<u64>,
@@ -125,16 +126,21 @@ impl ShadowStack {
         self.active.set(0);
     }
 
-    /// Starts a dispatch. Returns whether the stack belongs to an older
-    /// pairing epoch and must be emptied first ([`forget`](Self::forget)),
-    /// which is never while another dispatch of this registry is running
-    /// on the thread (its frame is being built or read: the next outermost
-    /// dispatch empties it).
+    /// Starts a dispatch. Returns whether it is the outermost one of this
+    /// registry on the thread: only then may the stack be emptied
+    /// ([`forget`](Self::forget)); otherwise another dispatch's frame is
+    /// being built or read.
     #[inline(always)]
-    pub(super) fn begin(&self, epoch: u64) -> bool {
+    pub(super) fn begin(&self) -> bool {
         let active = self.active.get();
         self.active.set(active + 1);
-        self.epoch.get() != epoch && active == 0
+        active == 0
+    }
+
+    /// The pairing epoch the stack belongs to.
+    #[inline(always)]
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch.get()
     }
 
     /// Empties the stack into pairing epoch `epoch` (after
