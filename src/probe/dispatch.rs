@@ -130,17 +130,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
         } else {
             match recursion::enter() {
                 Entered::Run(level) => {
-                    // One probe at the address, the usual case: the same
-                    // code on a slice of known length, its loops unrolled.
+                    // One probe at the address, the usual case: straight-line
+                    // code.
                     let kept = match attached {
-                        [a] => self.entry_frame::<MARK, RET>(
-                            local,
-                            std::slice::from_ref(a),
-                            addr,
-                            ret_addr,
-                            sp,
-                            ctx,
-                        ),
+                        [a] => self.entry_one::<MARK, RET>(local, a, addr, ret_addr, sp, ctx),
                         _ => {
                             self.entry_frame::<MARK, RET>(local, attached, addr, ret_addr, sp, ctx)
                         }
@@ -162,6 +155,96 @@ impl<C: Send + Sync + 'static> Registry<C> {
         }
         local.end();
         framed.unwrap_or(false)
+    }
+
+    /// [`entry_frame`](Self::entry_frame) for one attachment: the same
+    /// steps and counts, without the loop and the bookkeeping of several
+    /// return entries.
+    #[inline(always)]
+    fn entry_one<const MARK: bool, const RET: bool>(
+        &self,
+        local: &ShadowStack,
+        a: &Attach,
+        addr: u64,
+        ret_addr: u64,
+        sp: u64,
+        ctx: &C,
+    ) -> bool {
+        let counters = local.counters.view();
+        // SAFETY: `a.slot` indexes `self.slots` (`Attach` invariant).
+        let slot = unsafe { self.slots.get_unchecked(a.slot as usize) };
+        // Acquire: as in `entry_frame`.
+        let s = slot.state.load(Ordering::Acquire);
+        // Relaxed: ordered by the Acquire above.
+        let p = slot.probe.load(Ordering::Relaxed);
+        let p = match s == state(a.generation, true) {
+            // SAFETY: as in `entry_frame`.
+            true => unsafe { p.as_ref() },
+            false => {
+                if s == state(a.generation, false) {
+                    count(counters, a, Counter::Disabled);
+                }
+                None
+            }
+        };
+        let Some(p) = p else {
+            if MARK {
+                local.push_marker();
+            }
+            return false;
+        };
+        let header = if RET { HEADER + RETURN_WORDS } else { HEADER };
+        let fw = a.frame_words as usize;
+        let base = match fw {
+            0 => None,
+            _ => local.reserve(header + fw),
+        };
+        let Some(base) = base else {
+            // No exit handler, or its frame does not fit.
+            count(counters, a, Counter::Hits);
+            if fw > 0 {
+                count(counters, a, Counter::Depth);
+            }
+            run_entry(p, a, counters, addr, ret_addr, ctx, &mut []);
+            if MARK {
+                local.push_marker();
+            }
+            return false;
+        };
+        count(counters, a, Counter::Kept);
+        let w = local.words();
+        // SAFETY: as in `entry_frame`: the data words lie in our
+        // reservation, which nothing else references until it is pushed.
+        let data = unsafe { w.data_mut(base, p.data_size) };
+        match run_entry(p, a, counters, addr, ret_addr, ctx, data) {
+            EntryAction::Continue => {
+                let (dw, mut h) = (fw - 3, base + fw);
+                w.write(base + dw, a.cookie);
+                w.write(base + dw + 1, a.generation);
+                w.write(base + dw + 2, u64::from(a.slot) | (dw as u64) << 32);
+                if RET {
+                    w.write(h, ret_addr);
+                    w.write(h + 1, sp);
+                    h += RETURN_WORDS;
+                }
+                w.write(h, addr);
+                w.write(h + 1, if RET { 1 | TAKES_RETURN } else { 1 });
+                // The reservation was exactly the frame: `top` already
+                // covers it, and the frame is complete once written.
+                true
+            }
+            EntryAction::SkipExit => {
+                count(counters, a, Counter::Unrun);
+                if MARK {
+                    // The frame shrinks to a marker.
+                    w.write(base, 0);
+                    local.commit(base, 1);
+                } else {
+                    local.commit(base, 0);
+                }
+                false
+            }
+        }
     }
 
     /// Runs the entry side of every probe in `attached` and pushes the
@@ -233,25 +316,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 Some(at) => unsafe { w.data_mut(at, p.data_size) },
                 None => &mut [],
             };
-            let action = match &p.entry {
-                Some(entry) => {
-                    let mut ec = EntryContext {
-                        addr,
-                        ret_addr,
-                        cookie: a.cookie,
-                        ctx,
-                        data,
-                    };
-                    catch_unwind(AssertUnwindSafe(|| entry(&mut ec))).unwrap_or_else(|_| {
-                        count(counters, a, Counter::Panics);
-                        EntryAction::SkipExit
-                    })
-                }
-                None => match &p.c_entry {
-                    Some(h) => call_c_entry(h, addr, ret_addr, a.cookie, ctx, data),
-                    None => EntryAction::Continue,
-                },
-            };
+            let action = run_entry(p, a, counters, addr, ret_addr, ctx, data);
             match (keep, action) {
                 (Some(at), EntryAction::Continue) => {
                     let dw = a.frame_words as usize - 3;
@@ -400,101 +465,150 @@ impl<C: Send + Sync + 'static> Registry<C> {
         ret_addr: u64,
         ctx: &C,
     ) -> usize {
-        let (w, counters) = (local.words(), local.counters.view());
+        let w = local.words();
         // A plain frame's top word has no flag to clear (`pop` saw to it).
         let n = match RET {
             true => w.read(top - 1) & !TAKES_RETURN,
             false => w.read(top - 1),
         };
-        let addr = w.read(top - 2);
-        let mut p = if RET {
+        let entries = if RET {
             top - HEADER - RETURN_WORDS
         } else {
             top - HEADER
         };
-        let entered = recursion::enter();
+        let level = match (RUN, recursion::enter()) {
+            (true, Entered::Run(level)) => level,
+            (_, entered) => {
+                let recursion = RUN && matches!(entered, Entered::Recursion);
+                return self.end_unrun(local, entries, n, recursion);
+            }
+        };
+        let addr = w.read(top - 2);
+        let p = match n {
+            // One probe, the usual case: no loop.
+            1 => self.exit_entry(local, entries, addr, ret_addr, ctx),
+            _ => {
+                let mut p = entries;
+                for _ in 0..n {
+                    p = self.exit_entry(local, p, addr, ret_addr, ctx);
+                }
+                p
+            }
+        };
+        drop(level);
+        p
+    }
+
+    /// Runs the exit handler of the return entry ending at word `p` (below
+    /// the stack's `top`) unless its probe was unregistered since the
+    /// entry; returns where the entry starts.
+    #[inline(always)]
+    fn exit_entry(
+        &self,
+        local: &ShadowStack,
+        p: usize,
+        addr: u64,
+        ret_addr: u64,
+        ctx: &C,
+    ) -> usize {
+        let w = local.words();
+        let meta = w.read(p - 1);
+        let generation = w.read(p - 2);
+        let cookie = w.read(p - 3);
+        let (slot_idx, dw) = (meta as u32, (meta >> 32) as usize);
+        let data_at = p - 3 - dw;
+        debug_assert!((slot_idx as usize) < self.slots.len());
+        // SAFETY: the entry wrote `slot_idx` from an `Attach` (below the
+        // slot count, `Attach` invariant) into a frame nothing else writes
+        // (shadow.rs: `top` covers every word in use).
+        let slot = unsafe { self.slots.get_unchecked(slot_idx as usize) };
+        // Acquire: pairs with the Release state store of
+        // `register_with_cookies`; the probe pointer is visible.
+        if slot.state.load(Ordering::Acquire) >> 1 != generation {
+            // Unregistered since the entry: its counts are gone with it
+            // (an `Unrun` here would land on the slot's next probe).
+            return data_at;
+        }
+        let bump = |which| {
+            // SAFETY: `slot_idx` indexes `self.slots` (above), and every
+            // thread's counters cover its length.
+            unsafe { local.counters.view().bump(slot_idx, which) }
+        };
+        // Relaxed: ordered by the Acquire above.
+        let fp = slot.probe.load(Ordering::Relaxed);
+        // SAFETY: the generation matched inside our read section, so
+        // `unregister` has not passed its grace period, and it frees the
+        // probe only after it: the probe lives until we leave the section.
+        // A kept entry always has its probe and an exit handler.
+        let Some(fp) = (unsafe { fp.as_ref() }) else {
+            bump(Counter::Unrun);
+            return data_at;
+        };
+        // The same probe as at the entry (same generation), so its data
+        // fits the `dw` words the entry reserved.
+        debug_assert!(fp.data_size <= dw * 8);
+        // SAFETY: the data words of this return entry, below `top` (which
+        // covers them until `release`), written by the entry.
+        let data = unsafe { w.data(data_at, fp.data_size) };
+        let exit = match (&fp.exit, &fp.c_exit) {
+            (Some(exit), _) => exit,
+            (None, Some(h)) => {
+                call_c_exit(h, addr, ret_addr, cookie, ctx, data);
+                bump(Counter::Exits);
+                return data_at;
+            }
+            (None, None) => {
+                bump(Counter::Unrun);
+                return data_at;
+            }
+        };
+        let xc = ExitContext {
+            addr,
+            ret_addr,
+            cookie,
+            ctx,
+            data,
+        };
+        match catch_unwind(AssertUnwindSafe(|| exit(&xc))) {
+            Ok(()) => bump(Counter::Exits),
+            Err(_) => {
+                bump(Counter::Panics);
+                bump(Counter::Unrun);
+            }
+        }
+        data_at
+    }
+
+    /// Ends the `n` return entries below word `entries` without running
+    /// their exit handlers (an ignored thread, a recursive exit, or frames
+    /// dropped by `on_return`), counting `Unrun` (and `Recursion` if
+    /// `recursion`) for those whose probe is still registered; returns the
+    /// frame's base.
+    #[cold]
+    #[inline(never)]
+    fn end_unrun(&self, local: &ShadowStack, entries: usize, n: u64, recursion: bool) -> usize {
+        let w = local.words();
+        let mut p = entries;
         for _ in 0..n {
             let meta = w.read(p - 1);
             let generation = w.read(p - 2);
-            let cookie = w.read(p - 3);
             let (slot_idx, dw) = (meta as u32, (meta >> 32) as usize);
-            let data_at = p - 3 - dw;
-            p = data_at;
+            p -= 3 + dw;
             let Some(slot) = self.slots.get(slot_idx as usize) else {
                 continue;
             };
-            // Acquire: pairs with the Release state store of
-            // `register_with_cookies`; the probe pointer is visible.
+            // Acquire: as in `exit_entry`.
             if slot.state.load(Ordering::Acquire) >> 1 != generation {
-                // Unregistered since the entry: its counts are gone with it
-                // (an `Unrun` here would land on the slot's next probe).
                 continue;
             }
-            let bump = |which| {
-                // SAFETY: `slot_idx` indexes `self.slots` (checked above),
-                // and every thread's counters cover its length.
-                unsafe { counters.bump(slot_idx, which) }
-            };
-            let unrun = || bump(Counter::Unrun);
-            if !RUN {
-                unrun();
-                continue;
-            }
-            match entered {
-                Entered::Run(_) => {}
-                Entered::Recursion => {
-                    bump(Counter::Recursion);
-                    unrun();
-                    continue;
+            // SAFETY: `slot_idx` indexes `self.slots` (checked above).
+            unsafe {
+                if recursion {
+                    local.counters.view().bump(slot_idx, Counter::Recursion);
                 }
-                // Ignored since the entry: the call's exits are skipped.
-                Entered::Ignored => {
-                    unrun();
-                    continue;
-                }
-            }
-            // Relaxed: ordered by the Acquire above.
-            let fp = slot.probe.load(Ordering::Relaxed);
-            // SAFETY: the generation matched inside our read section, so
-            // `unregister` has not passed its grace period, and it frees the
-            // probe only after it: the probe lives until we leave the section.
-            let fp = unsafe { fp.as_ref() };
-            // A kept entry always has its probe and exit handler.
-            let Some(fp) = fp else {
-                unrun();
-                continue;
-            };
-            // SAFETY: the data words of this return entry, below `top`
-            // (which covers them until `release`), written by the entry.
-            let data = unsafe { w.data(data_at, fp.data_size.min(dw * 8)) };
-            let exit = match (&fp.exit, &fp.c_exit) {
-                (Some(exit), _) => exit,
-                (None, Some(h)) => {
-                    call_c_exit(h, addr, ret_addr, cookie, ctx, data);
-                    bump(Counter::Exits);
-                    continue;
-                }
-                (None, None) => {
-                    unrun();
-                    continue;
-                }
-            };
-            let xc = ExitContext {
-                addr,
-                ret_addr,
-                cookie,
-                ctx,
-                data,
-            };
-            match catch_unwind(AssertUnwindSafe(|| exit(&xc))) {
-                Ok(()) => bump(Counter::Exits),
-                Err(_) => {
-                    bump(Counter::Panics);
-                    unrun();
-                }
+                local.counters.view().bump(slot_idx, Counter::Unrun);
             }
         }
-        drop(entered);
         p
     }
 
@@ -528,6 +642,39 @@ impl<C: Send + Sync + 'static> Registry<C> {
             Some(epoch) => local.forget(epoch, keep),
             None => local.adopt(),
         }
+    }
+}
+
+/// Runs probe `p`'s entry handler for attachment `a` (Rust or C; none:
+/// `Continue`), counting a panic, which skips the exit.
+#[inline(always)]
+fn run_entry<C>(
+    p: &super::def::Fprobe<C>,
+    a: &Attach,
+    counters: CounterView,
+    addr: u64,
+    ret_addr: u64,
+    ctx: &C,
+    data: &mut [u8],
+) -> EntryAction {
+    match &p.entry {
+        Some(entry) => {
+            let mut ec = EntryContext {
+                addr,
+                ret_addr,
+                cookie: a.cookie,
+                ctx,
+                data,
+            };
+            catch_unwind(AssertUnwindSafe(|| entry(&mut ec))).unwrap_or_else(|_| {
+                count(counters, a, Counter::Panics);
+                EntryAction::SkipExit
+            })
+        }
+        None => match &p.c_entry {
+            Some(h) => call_c_entry(h, addr, ret_addr, a.cookie, ctx, data),
+            None => EntryAction::Continue,
+        },
     }
 }
 
