@@ -97,14 +97,15 @@
 //! frame push. A marker exit is the thread's state and one pop; a full exit
 //! adds a read-side section, the guard, and per kept handler three stack
 //! reads, the state load and the call. With every line in cache that is
-//! about 220 instructions for an entry + exit pair without exit handler and
-//! 365 with one (`examples/dispatch_cost.rs` under callgrind), of which the
-//! lookup and its read-side section take about 60. A lock-free exit and
+//! about 170 instructions for an entry + exit pair without exit handler and
+//! 282 with one (`examples/dispatch_cost.rs` under callgrind), of which the
+//! lookup and its read-side section take about 65. A lock-free exit and
 //! per-thread everything make dispatch scale with threads where a locked
-//! table collapses; at one thread the locked table's shorter path is
-//! faster, and when the table is out of cache its shorter path also lets
-//! the processor overlap one call's misses with the next call's. Figures:
-//! `BENCHMARKS.md`, section "Probe dispatch".
+//! table collapses; at one thread it is also faster than a locked table,
+//! but by less with an exit handler, and a locked table whose addresses
+//! share one handler list (a shorter path, so the processor overlaps more
+//! calls' cache misses) is faster on calls spread over many addresses with
+//! an exit handler. Figures: `BENCHMARKS.md`, section "Probe dispatch".
 //!
 //! # Examples
 //!

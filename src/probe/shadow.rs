@@ -44,7 +44,10 @@
 //! frame being built or read, and leaves `top` and `overflow` as it found
 //! them. Each store of `top` is separated from the frame accesses it
 //! orders by a compiler fence (a signal handler runs on the same thread:
-//! program order is all it needs, no hardware fence).
+//! program order is all it needs, no hardware fence). A stack of an older
+//! pairing epoch is emptied only by a dispatch that found no other of its
+//! registry running on the thread (`active`), so never under a frame
+//! being built or read.
 //!
 //! The counters take one-instruction increments ([`Counters::bump`]), so
 //! a nested increment is never lost either.
