@@ -493,6 +493,27 @@ mod tests {
     }
 
     #[test]
+    fn a_rekey_makes_every_cached_lookup_miss_until_the_owner_caches_again() {
+        let pt = PerThread::<AtomicUsize, { CacheSlot::Pool as usize }>::new();
+        let v = pt.get_or(|| AtomicUsize::new(7), |_| {}).unwrap() as *const AtomicUsize;
+        assert!(pt.get_cached().is_none(), "get_or caches nothing");
+        assert!(std::ptr::eq(pt.get().unwrap(), v), "get finds and caches");
+        assert!(std::ptr::eq(pt.get_cached().unwrap(), v));
+        let old = pt.key();
+        pt.rekey();
+        assert_ne!(pt.key(), old);
+        assert!(pt.get_cached().is_none(), "cached under the old key");
+        assert!(
+            std::ptr::eq(pt.find().unwrap(), v),
+            "find ignores the cache"
+        );
+        pt.remember(pt.find().unwrap(), old);
+        assert!(pt.get_cached().is_none(), "an old key never matches again");
+        pt.remember(pt.find().unwrap(), pt.key());
+        assert!(std::ptr::eq(pt.get_cached().unwrap(), v));
+    }
+
+    #[test]
     fn values_are_dropped_with_the_object() {
         let drops = Arc::new(AtomicUsize::new(0));
         struct D(Arc<AtomicUsize>);
