@@ -201,6 +201,9 @@ fn locate(index: usize) -> (usize, usize) {
     (bucket, i - (1 << bucket))
 }
 
+/// On lines of its own (128 bytes, as `CachePadded`): the owners of
+/// neighbouring entries write their values on every use.
+#[repr(align(128))]
 struct Entry<T> {
     /// Generation of the owning thread; `NONE` while `value` is
     /// uninitialised. Invariant: stored only by the thread it names, with
