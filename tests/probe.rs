@@ -4,6 +4,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
+#[cfg(all(unix, not(miri)))]
+#[path = "common/fork.rs"]
+mod fork;
+
 use fprobe::Error;
 use fprobe::probe::{EntryAction, Fprobe, Registry, ignore_current_thread};
 
@@ -600,6 +604,138 @@ fn unregister_while_threads_are_inside() {
         0,
         "a handler ran after unregister returned"
     );
+}
+
+/// An exit handler runs outside any RCU read-side section: unregister
+/// (and `on_return`'s engines, through the same count) must still wait
+/// for it, and drop the probe, with what it owns, only after it returned;
+/// from inside a handler, unregister refuses to wait for itself.
+#[test]
+fn unregister_waits_for_a_running_exit_handler() {
+    struct Owned(Arc<AtomicBool>, Arc<AtomicBool>);
+    impl Drop for Owned {
+        fn drop(&mut self) {
+            assert!(
+                self.1.load(Ordering::SeqCst),
+                "the probe was dropped while its exit handler ran"
+            );
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let reg = Arc::new(Registry::<()>::builder().build().unwrap());
+    let (dropped, done) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let inside = Arc::new(Barrier::new(2));
+    let (d, i) = (done.clone(), inside.clone());
+    let probe = Fprobe::builder()
+        .exit(move |_| {
+            assert!(fprobe::probe::in_handler());
+            i.wait();
+            std::thread::sleep(Duration::from_millis(200));
+            d.store(true, Ordering::SeqCst);
+        })
+        .owns(Owned(dropped.clone(), done.clone()))
+        .build();
+    let h = reg.register(probe, &[0x100]).unwrap();
+    let caller = {
+        let reg = reg.clone();
+        std::thread::spawn(move || {
+            reg.on_entry(0x100, 0, &());
+            reg.on_exit(0, &());
+        })
+    };
+    inside.wait();
+    let t = Instant::now();
+    reg.unregister(h).unwrap();
+    assert!(
+        done.load(Ordering::SeqCst),
+        "unregister returned after {:?}, while the exit handler ran",
+        t.elapsed()
+    );
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the probe is dropped by now"
+    );
+    caller.join().unwrap();
+
+    // From inside an exit handler of the same registry: a panic, not a
+    // wait for itself (caught by the dispatch, counted as a panic).
+    let r2 = reg.clone();
+    let refused = Arc::new(AtomicBool::new(false));
+    let f = refused.clone();
+    let h2 = reg
+        .register(
+            Fprobe::builder()
+                .exit(move |_| {
+                    let other = r2.register(Fprobe::builder().build(), &[0x300]).unwrap();
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        r2.unregister(other)
+                    }));
+                    f.store(r.is_err(), Ordering::SeqCst);
+                })
+                .build(),
+            &[0x200],
+        )
+        .unwrap();
+    reg.on_entry(0x200, 0, &());
+    reg.on_exit(0, &());
+    assert!(
+        refused.load(Ordering::SeqCst),
+        "unregister inside an exit handler must panic"
+    );
+    reg.unregister(h2).unwrap();
+}
+
+/// A thread sits inside an exit handler when the process forks: in the
+/// child, where that thread does not exist, unregister must not wait for
+/// it.
+#[cfg(all(unix, not(miri)))]
+#[test]
+fn fork_child_does_not_wait_for_exits_of_threads_that_did_not_survive() {
+    let reg = Arc::new(Registry::<()>::builder().build().unwrap());
+    let inside = Arc::new(Barrier::new(2));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (i, s) = (inside.clone(), stop.clone());
+    reg.register(
+        Fprobe::builder()
+            .exit(move |_| {
+                i.wait();
+                while !s.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            })
+            .build(),
+        &[0x100],
+    )
+    .unwrap();
+    let other = reg.register(counting_exits(&counter()), &[0x200]).unwrap();
+    let caller = {
+        let reg = reg.clone();
+        std::thread::spawn(move || {
+            reg.on_entry(0x100, 0, &());
+            reg.on_exit(0, &());
+        })
+    };
+    inside.wait();
+    // SAFETY: (test) the child only unregisters a probe and calls _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let ok = reg.unregister(other).is_ok();
+        // SAFETY: (test) plain libc process call.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    assert!(pid > 0);
+    let status = fork::wait_child(
+        pid,
+        Duration::from_secs(20),
+        "child hung in unregister, waiting for a thread that did not survive the fork",
+    );
+    assert!(fork::exited_cleanly(status));
+    stop.store(true, Ordering::Relaxed);
+    caller.join().unwrap();
+    reg.unregister(other).unwrap();
 }
 
 /// An address re-registered by a new probe while an old call is in flight:

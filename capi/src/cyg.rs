@@ -103,7 +103,7 @@ pub unsafe extern "C" fn fprobe_cyg_attach(r: *mut fprobe_registry) -> c_int {
 /// RCU grace period.
 #[unsafe(no_mangle)]
 pub extern "C" fn fprobe_cyg_detach() -> c_int {
-    if rcu::in_read_section() {
+    if crate::cannot_wait() {
         return FPROBE_E_BUSY;
     }
     // Release: pairs with the Acquire load in `hook`; the grace period

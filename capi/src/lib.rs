@@ -290,6 +290,14 @@ impl Drop for User {
     }
 }
 
+/// Whether the calling thread is inside an RCU read-side section or a
+/// probe handler (exit handlers run outside any section), where a call
+/// that waits for dispatches would wait for itself: such calls return
+/// [`FPROBE_E_BUSY`].
+pub(crate) fn cannot_wait() -> bool {
+    rcu::in_read_section() || fprobe::probe::in_handler()
+}
+
 fn code(e: Error) -> c_int {
     match e {
         Error::NotFound => FPROBE_E_NOT_FOUND,
@@ -446,7 +454,7 @@ pub unsafe extern "C" fn fprobe_registry_destroy(r: *mut fprobe_registry) -> c_i
     ffi(|| {
         // SAFETY: NULL or a handle (never freed), by the contract.
         let h = unsafe { r.as_ref() }.ok_or(FPROBE_E_NULL)?;
-        if rcu::in_read_section() {
+        if cannot_wait() {
             return Err(FPROBE_E_BUSY);
         }
         // AcqRel: one destroyer wins (the RMW is totally ordered); the
@@ -655,7 +663,7 @@ unsafe fn with_probe(
 /// `r` is NULL or from [`fprobe_registry_new`].
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fprobe_unregister(r: *mut fprobe_registry, handle: u64) -> c_int {
-    if rcu::in_read_section() {
+    if cannot_wait() {
         return FPROBE_E_BUSY;
     }
     // SAFETY: forwarded contract.
@@ -684,7 +692,7 @@ pub unsafe extern "C" fn fprobe_drain(
     timeout_ms: u64,
     left_out: *mut u64,
 ) -> c_int {
-    if rcu::in_read_section() {
+    if cannot_wait() {
         return FPROBE_E_BUSY;
     }
     // SAFETY: forwarded contract.
@@ -941,7 +949,7 @@ pub unsafe extern "C" fn fprobe_reset_pairing(r: *mut fprobe_registry) -> c_int 
 /// [`FPROBE_E_BUSY`] from inside a handler. Blocks; thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn fprobe_barrier() -> c_int {
-    if rcu::in_read_section() {
+    if cannot_wait() {
         return FPROBE_E_BUSY;
     }
     ffi(|| {

@@ -125,7 +125,7 @@ pub unsafe extern "C" fn fprobe_patch_attach(
 /// detaching; [`FPROBE_E_BUSY`] from a handler (detaching waits for
 /// handlers to finish), leaving it there.
 fn take(handle: u64) -> Result<Attached, c_int> {
-    if fprobe::rcu::in_read_section() {
+    if crate::cannot_wait() {
         return Err(FPROBE_E_BUSY);
     }
     let mut t = ATTACHED.lock().unwrap_or_else(|p| p.into_inner());

@@ -26,6 +26,12 @@ pub struct EntryContext<'a, C> {
 }
 
 /// What an exit handler sees.
+///
+/// Exit handlers run outside any RCU read-side section of the dispatch
+/// (entry handlers run inside the entry's): an exit handler that reads
+/// RCU-protected data takes its own [`rcu::read_lock`](crate::rcu::read_lock).
+/// [`Registry::unregister`](super::Registry::unregister) still waits for
+/// every running exit handler of the probe before it returns.
 pub struct ExitContext<'a, C> {
     /// The probed function's address.
     pub addr: u64,

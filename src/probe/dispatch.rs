@@ -8,7 +8,9 @@
 //! nothing in the frame, and one unregistered since is recognised by its
 //! slot's generation. Neither takes a lock, allocates (after the thread's
 //! first dispatch through the registry), touches a reference count or
-//! writes a line another thread writes.
+//! writes a line another thread writes. An exit enters no RCU read-side
+//! section: the thread's dispatch count for the registry protects the
+//! probes it runs (`quiesce.rs`).
 
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -369,32 +371,30 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// [`on_entry`](Self::on_entry), newest first, skipping probes
     /// unregistered since. Never looks the address up again: a probe
     /// registered between entry and return has nothing kept for this call.
+    /// Exit handlers run outside any RCU read-side section (see
+    /// [`ExitContext`]).
     #[inline]
     pub fn on_exit(&self, ret_addr: u64, ctx: &C) {
-        self.on_exit_with(ret_addr, ctx, rcu::read_lock);
-    }
-
-    /// [`on_exit`](Self::on_exit) inside a read-side section the caller
-    /// already holds.
-    #[inline]
-    pub fn on_exit_in(&self, _guard: &rcu::ReadGuard, ret_addr: u64, ctx: &C) {
-        self.on_exit_with(ret_addr, ctx, || ());
-    }
-
-    /// `section` opens the read-side section the exit handlers run in (or
-    /// nothing, when the caller holds one); called only when there is a
-    /// handler to run.
-    #[inline(always)]
-    fn on_exit_with<G>(&self, ret_addr: u64, ctx: &C, section: impl FnOnce() -> G) {
         let Some(local) = self.enter_local() else {
             return;
         };
         if let Some(top) = local.pop() {
-            let _section = section();
+            // The count `enter_local` raised is this exit's read-side
+            // marker (`quiesce.rs`): ordered before the state loads of
+            // `exit_frame`.
+            local.active.order_exit(self.asymmetric);
             let base = self.exit_frame::<false, true>(local, top, ret_addr, ctx);
             local.release(base);
         }
         local.end();
+    }
+
+    /// [`on_exit`](Self::on_exit) for a caller inside a read-side section:
+    /// the same (an exit needs no section of its own), kept beside
+    /// [`on_entry_in`](Self::on_entry_in).
+    #[inline]
+    pub fn on_exit_in(&self, _guard: &rcu::ReadGuard, ret_addr: u64, ctx: &C) {
+        self.on_exit(ret_addr, ctx);
     }
 
     /// The return of a call whose entry took it over
@@ -416,38 +416,37 @@ impl<C: Send + Sync + 'static> Registry<C> {
     #[inline]
     pub fn on_return(&self, sp: u64, ctx: &C) -> Option<u64> {
         let local = self.enter_local()?;
-        let ret = {
-            let _section = rcu::read_lock();
-            loop {
-                let t = local.top();
-                if t == 0 {
-                    break None;
-                }
-                let word = local.read(t - 1);
-                // The frame's base, and the return address when the frame
-                // is ours.
-                let (base, ours) = if word & TAKES_RETURN == 0 {
-                    // A plain entry's frame above ours, its exit never
-                    // dispatched: it ends unrun.
-                    let base = match word {
-                        0 => t - 1,
-                        _ => self.exit_frame::<false, false>(local, t, 0, ctx),
-                    };
-                    (base, None)
-                } else {
-                    let at = local.read(t - HEADER - 1);
-                    if at > sp {
-                        break None; // a frame of a caller's call: ours is gone
-                    }
-                    let ret = local.read(t - HEADER - 2);
-                    let base = self.exit_frame::<true, true>(local, t, ret, ctx);
-                    (base, (at == sp).then_some(ret))
+        // As in `on_exit`: the dispatch count is the read-side marker.
+        local.active.order_exit(self.asymmetric);
+        let ret = loop {
+            let t = local.top();
+            if t == 0 {
+                break None;
+            }
+            let word = local.read(t - 1);
+            // The frame's base, and the return address when the frame
+            // is ours.
+            let (base, ours) = if word & TAKES_RETURN == 0 {
+                // A plain entry's frame above ours, its exit never
+                // dispatched: it ends unrun.
+                let base = match word {
+                    0 => t - 1,
+                    _ => self.exit_frame::<false, false>(local, t, 0, ctx),
                 };
-                local.release(base);
-                local.end_overflows();
-                if ours.is_some() {
-                    break ours;
+                (base, None)
+            } else {
+                let at = local.read(t - HEADER - 1);
+                if at > sp {
+                    break None; // a frame of a caller's call: ours is gone
                 }
+                let ret = local.read(t - HEADER - 2);
+                let base = self.exit_frame::<true, true>(local, t, ret, ctx);
+                (base, (at == sp).then_some(ret))
+            };
+            local.release(base);
+            local.end_overflows();
+            if ours.is_some() {
+                break ours;
             }
         };
         local.end();
@@ -523,7 +522,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // (shadow.rs: `top` covers every word in use).
         let slot = unsafe { self.slots.get_unchecked(slot_idx as usize) };
         // Acquire: pairs with the Release state store of
-        // `register_with_cookies`; the probe pointer is visible.
+        // `register_with_cookies`; the probe pointer is visible. Ordered
+        // after this dispatch's count by `order_exit` (`quiesce.rs`).
         if slot.state.load(Ordering::Acquire) >> 1 != generation {
             // Unregistered since the entry: its counts are gone with it
             // (an `Unrun` here would land on the slot's next probe).
@@ -536,10 +536,13 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         // Relaxed: ordered by the Acquire above.
         let fp = slot.probe.load(Ordering::Relaxed);
-        // SAFETY: the generation matched inside our read section, so
-        // `unregister` has not passed its grace period, and it frees the
-        // probe only after it: the probe lives until we leave the section.
-        // A kept entry always has its probe and an exit handler.
+        // SAFETY: the generation matched after this thread's dispatch count
+        // was raised and ordered (`order_exit`), so `unregister` (which
+        // changes the generation, runs its barrier, then waits for the
+        // dispatches it saw running on each thread to end before it frees
+        // the probe) has not freed it, and cannot until this dispatch ends
+        // (`quiesce.rs`). A kept entry always has its probe and an exit
+        // handler.
         let Some(fp) = (unsafe { fp.as_ref() }) else {
             bump(Counter::Unrun);
             return data_at;
@@ -744,4 +747,30 @@ fn call_c_exit<C>(
 /// ```
 pub fn ignore_current_thread(ignore: bool) {
     recursion::set_ignored(ignore);
+}
+
+/// Whether a probe handler (entry or exit, of any registry) is running on
+/// the calling thread: for an engine that must not block or wait for
+/// dispatches from inside one ([`Registry::unregister`] and
+/// [`Registry::drain`] panic there). Async-signal-safe.
+///
+/// # Examples
+///
+/// ```
+/// use fprobe::probe::{EntryAction, Fprobe, Registry, in_handler};
+///
+/// let registry = Registry::<()>::builder().build().unwrap();
+/// let probe = Fprobe::builder()
+///     .entry(|_| {
+///         assert!(in_handler());
+///         EntryAction::Continue
+///     })
+///     .build();
+/// registry.register(probe, &[0x1000]).unwrap();
+/// registry.on_entry(0x1000, 0, &());
+/// registry.on_exit(0, &());
+/// assert!(!in_handler());
+/// ```
+pub fn in_handler() -> bool {
+    recursion::in_handler()
 }

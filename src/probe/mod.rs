@@ -27,6 +27,12 @@
 //!   the address's attachments; it pushes one frame on the thread's shadow
 //!   stack holding every exit handler's identity, cookie and per-call data
 //!   (`shadow.rs`). Exit pops the frame and never queries the index.
+//! * **Freeing a probe** (`quiesce.rs`): entries run inside an RCU
+//!   read-side section; exits do not enter one: the thread's count of its
+//!   running dispatches of the registry, which dispatch keeps anyway,
+//!   is their read-side marker. `unregister` runs a barrier, then waits
+//!   for a grace period and, on each thread, for the dispatches it saw
+//!   running after the barrier to end (at most one outermost dispatch).
 //! * **Per-thread state** is found through the crate's `PerThread`: one
 //!   thread-local load and one compare, no walk over other registries; it
 //!   is freed with the registry, and the state of an exited thread is
@@ -51,7 +57,8 @@
 //!   reused.
 //! * When `unregister` returns no handler of the probe is running or will
 //!   run. It never waits for a thread parked between entry and exit (that
-//!   call's exit handler is skipped), so it cannot hang on one.
+//!   call's exit handler is skipped), so it cannot hang on one, nor for a
+//!   thread that did not survive a `fork`.
 //! * [`drain`](Registry::drain) stops a probe's entries and waits, up to a
 //!   timeout, until its calls in flight on other threads have returned
 //!   ([`ProbeStats::in_flight`], less the caller's own, reaches 0): drained,
@@ -68,7 +75,7 @@
 //! |---|---|---|---|
 //! | [`on_entry`](Registry::on_entry), [`on_exit`](Registry::on_exit), [`on_entry_taking_return`](Registry::on_entry_taking_return), [`on_return`](Registry::on_return) | never | a thread's first dispatch through a registry only (its state; [`prepare_thread`](Registry::prepare_thread) does it ahead) | yes, once the thread's state exists |
 //! | [`register`](Registry::register) | briefly (registry mutex, index stripes) | yes | no |
-//! | [`unregister`](Registry::unregister) | yes: a grace period | no | no |
+//! | [`unregister`](Registry::unregister) | yes: a grace period, and the dispatches of the registry running on other threads | no | no |
 //! | [`drain`](Registry::drain) | yes: a grace period, then until the calls in flight return or the timeout | no | no |
 //! | [`enable`](Registry::enable), [`disable`](Registry::disable), [`stats`](Registry::stats) | briefly (registry mutex) | no | no |
 //! | [`reset_pairing`](Registry::reset_pairing) | never | no | yes |
@@ -95,11 +102,12 @@
 //! buckets), the index lookup, the recursion guard, per attachment one load of
 //! the slot's state word, a counter increment and the handler call, and a
 //! frame push. A marker exit is the thread's state and one pop; a full exit
-//! adds a read-side section, the guard, and per kept handler three stack
-//! reads, the state load and the call. With every line in cache that is
-//! about 170 instructions for an entry + exit pair without exit handler and
-//! 282 with one (`examples/dispatch_cost.rs` under callgrind), of which the
-//! lookup and its read-side section take about 65. A lock-free exit and
+//! adds the guard and, per kept handler, three stack reads, the state load
+//! and the call (no read-side section: see *Freeing a probe*). With every
+//! line in cache that is about 170 instructions for an entry + exit pair
+//! without exit handler and 263 with one (`examples/dispatch_cost.rs`
+//! under callgrind), of which the lookup and its read-side section take
+//! about 65. A lock-free exit and
 //! per-thread everything make dispatch scale with threads where a locked
 //! table collapses; at one thread it is also faster than a locked table,
 //! but by less with an exit handler, and a locked table whose addresses
@@ -130,13 +138,14 @@
 mod def;
 mod dispatch;
 mod ffi;
+mod quiesce;
 mod recursion;
 mod registry;
 mod shadow;
 mod stats;
 
 pub use def::{EntryAction, EntryContext, ExitContext, Fprobe, FprobeBuilder};
-pub use dispatch::ignore_current_thread;
+pub use dispatch::{ignore_current_thread, in_handler};
 pub use ffi::{
     C_SKIP_EXIT, CEngineCtx, CEngineRepr, CEntryContext, CEntryFn, CExitContext, CExitFn,
 };

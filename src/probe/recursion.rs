@@ -166,6 +166,13 @@ pub(super) fn set_ignored(ignore: bool) {
     });
 }
 
+/// Whether a handler runs on the calling thread, in any context level
+/// (an ignored thread runs none).
+#[inline]
+pub(super) fn in_handler() -> bool {
+    guard().busy.get() & !IGNORE != 0
+}
+
 /// Enters a context level to run handlers in, unless a handler of the
 /// caller's own context is running or the thread is ignored.
 #[inline(always)]

@@ -11,6 +11,17 @@
 //! tells dispatch whether the probe is live and enabled, and an old
 //! generation is recognised as dead even after the slot is reused (the
 //! kernel checks the probe pointer only, which address reuse defeats).
+//!
+//! # When a probe is freed
+//!
+//! `unregister` changes the generation, then waits for every dispatch that
+//! may still use the probe: entries run inside an RCU read-side section (a
+//! grace period waits for them), exits inside the thread's dispatch count
+//! for the registry (`quiesce.rs`: a barrier, then a wait, on each thread,
+//! for the dispatches seen running to end). Only then is the probe dropped
+//! and its slot freed. A failed registration cannot wait (it may run
+//! inside a read-side section): its probe is parked and dropped after the
+//! next such wait, or with the registry.
 
 use super::def::Fprobe;
 use super::recursion;
@@ -88,9 +99,10 @@ pub(super) struct ProbeSlot<C> {
     pub(super) state: AtomicU64,
     /// The registered probe (`Box::into_raw`), for entry and exit dispatch.
     /// Set before the generation is published; taken and dropped by
-    /// `unregister` after its grace period. So a dispatcher that loaded the
-    /// state with the generation it expects, inside a read-side section,
-    /// finds the probe here, alive until it leaves the section.
+    /// `unregister` after its waits (module docs). So a dispatcher that
+    /// loaded the state with the generation it expects, inside a read-side
+    /// section (entries) or an ordered dispatch count (exits), finds the
+    /// probe here, alive until it leaves the section or ends.
     pub(super) probe: AtomicPtr<Fprobe<C>>,
 }
 
@@ -106,7 +118,7 @@ enum Attached {
     Each(Vec<(u64, crate::EntryId)>),
 }
 
-struct Book {
+struct Book<C: 'static> {
     /// Per slot: where the registered probe is in the index.
     attached: Vec<Attached>,
     free: Vec<u32>,
@@ -119,6 +131,27 @@ struct Book {
     /// a grace period, so a dispatcher that saw its generation may still
     /// count on the slot.
     dirty: Vec<bool>,
+    /// Probes of failed registrations, which a dispatcher that saw their
+    /// generation may still run: dropped after the next wait for
+    /// dispatches that starts after they were parked (module docs).
+    parked: Vec<Parked<C>>,
+}
+
+/// A probe taken out of its slot, waiting to be dropped.
+struct Parked<C: 'static>(*mut Fprobe<C>);
+
+// SAFETY: the pointer is owned (from `Box::into_raw`, out of its slot) and
+// `Fprobe<C>` is `Send`.
+unsafe impl<C> Send for Parked<C> where Fprobe<C>: Send {}
+
+impl<C> Drop for Parked<C> {
+    fn drop(&mut self) {
+        // SAFETY: from `Box::into_raw`, taken out of its slot by a failed
+        // registration and dropped once, here; whoever drops it waited for
+        // every dispatch that could have loaded it (`Registry::wait_for_dispatches`)
+        // or holds the registry exclusively.
+        drop(unsafe { Box::from_raw(self.0) });
+    }
 }
 
 /// A registry: owns the index and dispatches entry/exit events to probes.
@@ -152,7 +185,7 @@ struct Book {
 pub struct Registry<C: 'static> {
     pub(super) index: AddrIndex<Attach>,
     pub(super) slots: Box<[ProbeSlot<C>]>,
-    book: Mutex<Book>,
+    book: Mutex<Book<C>>,
     /// Each thread's shadow stack and counters, freed with the registry.
     /// Its key changes at every [`reset_pairing`](Registry::reset_pairing):
     /// a stack cached under the current key belongs to the current pairing
@@ -162,6 +195,9 @@ pub struct Registry<C: 'static> {
     stack_words: usize,
     /// Largest per-call data a probe may ask for, in bytes.
     data_size: usize,
+    /// Whether the exits' handshake with `unregister` uses asymmetric
+    /// fences (`quiesce.rs`); the RCU domain's mode, fixed for the process.
+    pub(super) asymmetric: bool,
 }
 
 /// Builds a [`Registry`].
@@ -291,10 +327,12 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
                 free: (0..self.max_probes as u32).rev().collect(),
                 base: vec![[0; NCOUNTERS]; self.max_probes],
                 dirty: vec![false; self.max_probes],
+                parked: Vec::new(),
             }),
             locals: PerThread::new(),
             stack_words,
             data_size: self.data_size,
+            asymmetric: rcu::asymmetric_fences(),
         })
     }
 }
@@ -313,7 +351,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         }
     }
 
-    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
+    fn book(&self) -> std::sync::MutexGuard<'_, Book<C>> {
         self.book.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -370,19 +408,21 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let slot = book.free.pop().ok_or(Error::TooManyProbes {
             max_probes: self.slots.len(),
         })?;
-        if std::mem::take(&mut book.dirty[slot as usize]) && !rcu::in_read_section() {
+        if std::mem::take(&mut book.dirty[slot as usize]) && self.may_wait() {
             // Let the dispatchers that saw the failed registration finish
             // counting first (outside the mutex: a handler may be waiting
             // for it). The slot is ours meanwhile: it is off the free list.
+            let parked = std::mem::take(&mut book.parked);
             drop(book);
-            rcu::synchronize();
+            self.wait_for_dispatches();
+            drop(parked);
             book = self.book();
         }
         // No thread counts for a free slot (the previous probe's
         // `unregister` waited for every dispatch that could; a failed
-        // registration's, the grace period above, unless this runs inside
-        // a read section), so the sums are stable until the state store
-        // below publishes the slot.
+        // registration's, the wait above, unless this runs inside a read
+        // section or a dispatch), so the sums are stable until the state
+        // store below publishes the slot.
         book.base[slot as usize] = self.sum(slot);
         let s = &self.slots[slot as usize];
         let generation = ((s.state.load(Ordering::Relaxed) >> 1) | 1) + 2;
@@ -445,13 +485,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 let p = s.probe.swap(std::ptr::null_mut(), Ordering::Relaxed);
                 // The batch is undone, but its entries may have been in the
                 // index for a while (a bulk insert that failed midway), and
-                // inside a read-side section it returns without a grace
-                // period: a dispatcher that saw this generation may still
-                // hold `p`. Dropped after a grace period, then.
-                // SAFETY: `p` came from `Box::into_raw`; the swap took it
-                // out of the slot, so it is retired once, and `Fprobe<C>`
-                // may be dropped on another thread.
-                unsafe { rcu::retire_box_raw(p) };
+                // inside a read-side section or a handler it cannot wait: a
+                // dispatcher that saw this generation may still hold `p`.
+                // Parked until a wait for dispatches, then.
+                book.parked.push(Parked(p));
                 book.dirty[slot as usize] = true;
                 book.free.push(slot);
                 Err(e)
@@ -480,13 +517,14 @@ impl<C: Send + Sync + 'static> Registry<C> {
     ///
     /// # Panics
     ///
-    /// Inside an RCU read-side section (or a handler) of the calling thread.
+    /// Inside an RCU read-side section, a handler, or a dispatch of this
+    /// registry on the calling thread.
     pub fn unregister(&self, h: ProbeHandle) -> Result<(), Error> {
         assert!(
-            !rcu::in_read_section(),
+            self.may_wait(),
             "Registry::unregister called inside an RCU read-side section or a handler"
         );
-        let attached = {
+        let (attached, parked) = {
             let mut book = self.book();
             let s = self.live_slot(h)?;
             // (1) Dead from now on for every new hit and every return.
@@ -494,7 +532,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // dispatchers that Acquire the new generation.
             s.state
                 .store(state(h.generation + 1, false), Ordering::Release);
-            std::mem::take(&mut book.attached[h.slot as usize])
+            (
+                std::mem::take(&mut book.attached[h.slot as usize]),
+                std::mem::take(&mut book.parked),
+            )
         };
         // (2) Out of the index.
         match attached {
@@ -509,20 +550,58 @@ impl<C: Send + Sync + 'static> Registry<C> {
             }
         }
         // (3) Handlers already running finish: every dispatch that could
-        // have seen the old generation is inside a read section.
-        rcu::synchronize();
+        // have seen the old generation is inside a read section (entries)
+        // or counted by its thread (exits).
+        self.wait_for_dispatches();
+        drop(parked);
         let s = &self.slots[h.slot as usize];
-        // Relaxed: the grace period above orders every reader before us.
+        // Relaxed: the waits above order every dispatcher before us.
         let p = s.probe.swap(std::ptr::null_mut(), Ordering::Relaxed);
         if !p.is_null() {
-            // SAFETY: the generation changed before the grace period above:
-            // a dispatcher that could still load `p` was inside a read
-            // section the grace period waited for. `p` came from
-            // `Box::into_raw`.
+            // SAFETY: the generation changed before the waits above: a
+            // dispatcher that could still load `p` was inside a read
+            // section or a counted dispatch, which they waited for. `p`
+            // came from `Box::into_raw`.
             drop(unsafe { Box::from_raw(p) });
         }
         self.book().free.push(h.slot);
         Ok(())
+    }
+
+    /// Whether the calling thread may wait for dispatches: it is inside
+    /// no RCU read-side section, no handler and no dispatch of this
+    /// registry (each would wait for itself).
+    fn may_wait(&self) -> bool {
+        !rcu::in_read_section()
+            && !recursion::in_handler()
+            && !self.locals.find().is_some_and(|l| l.active.running())
+    }
+
+    /// Waits until every dispatch running when it was called has ended: a
+    /// grace period for the entries, then the exits' handshake
+    /// (`quiesce.rs`). State stores made before the call are seen by every
+    /// dispatch that was not waited for.
+    fn wait_for_dispatches(&self) {
+        rcu::heavy_barrier(self.asymmetric);
+        // The exits' counts are read before the grace period and waited
+        // for after it, so that both waits overlap (each holds a thread up
+        // for about one dispatch). Without allocating, only the first
+        // `SEEN` threads' counts are kept; the others are read after the
+        // grace period (later, so no less safe). Values are never removed
+        // and new ones need no wait (made after the barrier), so the
+        // threads past the first `SEEN` are still past them.
+        const SEEN: usize = 32;
+        let mut seen: [(Option<&ShadowStack>, u64); SEEN] = [(None, 0); SEEN];
+        for (s, local) in seen.iter_mut().zip(self.locals.iter_live()) {
+            *s = (Some(local), local.active.read());
+        }
+        rcu::synchronize();
+        for (local, first) in seen.into_iter().flat_map(|(l, w)| Some((l?, w))) {
+            local.active.wait_past(first);
+        }
+        for local in self.locals.iter_live().skip(SEEN) {
+            local.active.wait_past(local.active.read());
+        }
     }
 
     /// Sets the enabled bit of a live probe's state.
@@ -605,7 +684,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     pub fn drain(&self, h: ProbeHandle, timeout: std::time::Duration) -> Result<u64, Error> {
         use std::time::{Duration, Instant};
         assert!(
-            !rcu::in_read_section(),
+            self.may_wait(),
             "Registry::drain called inside an RCU read-side section or a handler"
         );
         let start = Instant::now();
@@ -748,6 +827,12 @@ impl<C: Send + Sync + 'static> Registry<C> {
 
 impl<C: 'static> Drop for Registry<C> {
     fn drop(&mut self) {
+        // `&mut self`: no dispatch runs, the parked probes may go.
+        self.book
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .parked
+            .clear();
         for s in self.slots.iter() {
             let p = s.probe.swap(std::ptr::null_mut(), Ordering::Relaxed);
             if !p.is_null() {

@@ -55,6 +55,7 @@
 use std::cell::Cell;
 use std::ptr::NonNull;
 
+use super::quiesce::Activity;
 use super::stats::Counters;
 use crate::sync::{Ordering, compiler_fence};
 
@@ -73,9 +74,9 @@ pub(super) struct ShadowStack {
     /// Calls whose frame did not fit, popped before any frame. Owner-only.
     overflow: Cell<usize>,
     /// Dispatches of this registry running on this thread (more than one
-    /// only when a handler or a signal handler dispatched inside one).
-    /// Owner-only.
-    active: Cell<u32>,
+    /// only when a handler or a signal handler dispatched inside one):
+    /// stored by the owner only, read by `unregister` (`quiesce.rs`).
+    pub(super) active: Activity,
     /// The registry's pairing epoch this stack belongs to (a key of the
     /// registry's `locals`). Owner-only.
     epoch: Cell<u64>,
@@ -86,10 +87,10 @@ pub(super) struct ShadowStack {
     pub(super) counters: Counters,
 }
 
-// SAFETY: every field but `counters` is used by the owning thread only
-// (the `PerThread` invariant: one owner at a time, handed over under the
-// index allocator's mutex); `counters` are atomics stored by the owner
-// only and loaded by anyone.
+// SAFETY: every field but `counters` and `active` is used by the owning
+// thread only (the `PerThread` invariant: one owner at a time, handed over
+// under the index allocator's mutex); `counters` and `active` are atomics
+// stored by the owner only and loaded by anyone.
 unsafe impl Sync for ShadowStack {}
 // SAFETY: the stack is a plain heap allocation owned by `ShadowStack`.
 unsafe impl Send for ShadowStack {}
@@ -113,7 +114,7 @@ impl ShadowStack {
         Self {
             top: Cell::new(0),
             overflow: Cell::new(0),
-            active: Cell::new(0),
+            active: Activity::new(),
             epoch: Cell::new(epoch),
             // SAFETY: a boxed slice's pointer is non-null.
             stack: unsafe { NonNull::new_unchecked(Box::into_raw(stack).cast::<u64>()) },
@@ -126,7 +127,7 @@ impl ShadowStack {
     pub(super) fn adopt(&self) {
         self.top.set(0);
         self.overflow.set(0);
-        self.active.set(0);
+        self.active.reset();
     }
 
     /// Starts a dispatch. Returns whether it is the outermost one of this
@@ -135,9 +136,7 @@ impl ShadowStack {
     /// being built or read.
     #[inline(always)]
     pub(super) fn begin(&self) -> bool {
-        let active = self.active.get();
-        self.active.set(active + 1);
-        active == 0
+        self.active.begin()
     }
 
     /// The pairing epoch the stack belongs to.
@@ -215,7 +214,7 @@ impl ShadowStack {
     /// Ends a dispatch started by [`begin`](Self::begin).
     #[inline(always)]
     pub(super) fn end(&self) {
-        self.active.set(self.active.get() - 1);
+        self.active.end();
     }
 
     /// Reserves `words` above `top` if they fit; returns the frame's base.
