@@ -606,6 +606,15 @@ fn unregister_while_threads_are_inside() {
     );
 }
 
+/// One call of `addr` (entry, then exit) on a new thread.
+fn call_on_a_thread(reg: &Arc<Registry<()>>, addr: u64) -> std::thread::JoinHandle<()> {
+    let reg = reg.clone();
+    std::thread::spawn(move || {
+        reg.on_entry(addr, 0, &());
+        reg.on_exit(0, &());
+    })
+}
+
 /// An exit handler runs outside any RCU read-side section: unregister
 /// (and `on_return`'s engines, through the same count) must still wait
 /// for it, and drop the probe, with what it owns, only after it returned;
@@ -639,13 +648,7 @@ fn unregister_waits_for_a_running_exit_handler() {
         .owns(Owned(dropped.clone(), done.clone()))
         .build();
     let h = reg.register(probe, &[0x100]).unwrap();
-    let caller = {
-        let reg = reg.clone();
-        std::thread::spawn(move || {
-            reg.on_entry(0x100, 0, &());
-            reg.on_exit(0, &());
-        })
-    };
+    let caller = call_on_a_thread(&reg, 0x100);
     inside.wait();
     let t = Instant::now();
     reg.unregister(h).unwrap();
@@ -711,13 +714,7 @@ fn fork_child_does_not_wait_for_exits_of_threads_that_did_not_survive() {
     )
     .unwrap();
     let other = reg.register(counting_exits(&counter()), &[0x200]).unwrap();
-    let caller = {
-        let reg = reg.clone();
-        std::thread::spawn(move || {
-            reg.on_entry(0x100, 0, &());
-            reg.on_exit(0, &());
-        })
-    };
+    let caller = call_on_a_thread(&reg, 0x100);
     inside.wait();
     // SAFETY: (test) the child only unregisters a probe and calls _exit.
     let pid = unsafe { libc::fork() };
