@@ -104,8 +104,8 @@
 //! frame push. A marker exit is the thread's state and one pop; a full exit
 //! adds the guard and, per kept handler, three stack reads, the state load
 //! and the call (no read-side section: see *Freeing a probe*). With every
-//! line in cache that is about 170 instructions for an entry + exit pair
-//! without exit handler and 263 with one (`examples/dispatch_cost.rs`
+//! line in cache that is about 180 instructions for an entry + exit pair
+//! without exit handler and 277 with one (`examples/dispatch_cost.rs`
 //! under callgrind), of which the lookup and its read-side section take
 //! about 65. A lock-free exit and
 //! per-thread everything make dispatch scale with threads where a locked
