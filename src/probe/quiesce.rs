@@ -90,11 +90,12 @@ impl Activity {
         let outermost = running(word) == 0;
         let step = if outermost { OUTERMOST + 1 } else { 1 };
         // Release: a waiter that reads the new number of outermost
-        // dispatches (Acquire in `read` and `wait_past`) must see everything the
-        // previous one did, which `end`'s Release alone would not carry
-        // past this later store. An exit orders this store before its
-        // state loads with `order_exit`.
-        self.0.store(word + step, Ordering::Release);
+        // dispatches (Acquire in `read` and `wait_past`) must see
+        // everything the previous one did, which `end`'s Release alone
+        // would not carry past this later store. An exit orders this store
+        // before its state loads with `order_exit`. Wrapping: the number
+        // of outermost dispatches wraps (after 2^32 of them).
+        self.0.store(word.wrapping_add(step), Ordering::Release);
         outermost
     }
 
@@ -122,8 +123,8 @@ impl Activity {
     pub(super) fn end(&self) {
         // Relaxed load: only this thread stores the word.
         let word = self.0.load(Ordering::Relaxed);
-        // Release: pairs with the Acquire loads of `read` and `wait_past`; everything
-        // the dispatch did happens before the waiter's next step.
+        // Release: pairs with the Acquire loads of `read` and `wait_past`;
+        // everything the dispatch did happens before the waiter's next step.
         self.0.store(word - 1, Ordering::Release);
     }
 
@@ -169,6 +170,79 @@ impl Activity {
             crate::sync::backoff(step);
             step = step.saturating_add(1);
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{Activity, OUTERMOST};
+    use crate::sync::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    #[test]
+    fn outermost_dispatches_are_numbered_and_nested_ones_are_not() {
+        let a = Activity::new();
+        assert!(a.begin(), "the first dispatch is outermost");
+        let first = a.read();
+        assert!(!a.begin(), "nested");
+        a.end();
+        assert_eq!(
+            a.read(),
+            first,
+            "a nested dispatch leaves the word as it found it"
+        );
+        a.end();
+        assert!(!a.running());
+        assert!(a.begin());
+        assert_eq!(a.read(), first + OUTERMOST, "one more outermost dispatch");
+        // Its number proves the one seen ended: the wait returns while it
+        // runs, though the count was never read at 0.
+        a.wait_past(first);
+        a.end();
+    }
+
+    #[test]
+    fn the_number_wraps_without_overflowing() {
+        let a = Activity(AtomicU64::new(u64::MAX << 32));
+        assert!(a.begin());
+        assert_eq!(a.read(), 1, "wrapped to 0, one running");
+        a.end();
+        a.reset();
+        assert_eq!(
+            a.read(),
+            OUTERMOST,
+            "a reset ends the dispatches and moves on"
+        );
+    }
+
+    #[test]
+    fn a_waiter_waits_while_the_dispatch_it_saw_runs() {
+        let a = Arc::new(Activity::new());
+        a.begin();
+        let first = a.read();
+        let done = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let (a, done) = (a.clone(), done.clone());
+            std::thread::spawn(move || {
+                a.wait_past(first);
+                done.store(true, Ordering::SeqCst);
+            })
+        };
+        // Nested dispatches come and go inside the one seen.
+        for _ in 0..100 {
+            a.begin();
+            a.end();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !done.load(Ordering::SeqCst),
+            "the waiter left while the dispatch ran"
+        );
+        a.end();
+        waiter.join().unwrap();
+        assert!(done.load(Ordering::SeqCst));
     }
 }
 
