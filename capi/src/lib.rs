@@ -23,10 +23,12 @@
 //!   same registry at any time, including [`fprobe_registry_destroy`] while
 //!   other threads dispatch (they get [`FPROBE_E_DESTROYED`] afterwards).
 //! * Handlers run on whichever thread hit the probe, possibly on several
-//!   threads at once, inside an RCU read-side section: they must be
-//!   thread-safe, must not unwind (C++ exceptions, `longjmp`) out of the
-//!   handler, and must not call [`fprobe_unregister`] or
-//!   [`fprobe_registry_destroy`] (those return [`FPROBE_E_BUSY`] there).
+//!   threads at once, those dispatched through these functions inside an
+//!   RCU read-side section (exit handlers of functions attached at run
+//!   time, `fprobe_patch_attach`, outside one): they must be thread-safe,
+//!   must not unwind (C++ exceptions, `longjmp`) out of the handler, and
+//!   must not call [`fprobe_unregister`] or [`fprobe_registry_destroy`]
+//!   (those return [`FPROBE_E_BUSY`] in any handler).
 //!   A handler that calls a probed function does not recurse into probes:
 //!   that hit is counted as a recursion miss.
 //!
