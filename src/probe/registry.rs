@@ -660,7 +660,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
     ///
     /// # Panics
     ///
-    /// Inside an RCU read-side section (or a handler) of the calling thread.
+    /// Inside an RCU read-side section, a handler, or a dispatch of this
+    /// registry on the calling thread.
     ///
     /// # Examples
     ///
