@@ -596,7 +596,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
             *s = (Some(local), local.active.read());
         }
         rcu::synchronize();
-        for (local, first) in seen.into_iter().flat_map(|(l, w)| Some((l?, w))) {
+        for (local, first) in seen {
+            let Some(local) = local else { break };
             local.active.wait_past(first);
         }
         for local in self.locals.iter_live().skip(SEEN) {
