@@ -1,0 +1,305 @@
+//! Instructions per hot-path operation, for callgrind: one million
+//! operations of one kind after the set-up, or none (`none`: the set-up
+//! alone, to subtract). `scripts/instructions.sh` runs every mode, divides
+//! (mode − none) by 1,000,000 and compares the result with the committed
+//! baseline `bench/instructions.baseline`; by hand:
+//!
+//! ```text
+//! cargo build --release --example instructions
+//! for m in none rcu lookup-hit lookup-miss kprobe kretprobe hitcache-hit objpool; do
+//!   env -i PATH=/usr/bin:/bin valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+//!     target/release/examples/instructions $m 2>&1 | grep refs
+//! done
+//! ```
+//!
+//! Modes (one operation each):
+//!
+//! * `rcu`: `rcu::read_lock()` and the guard's drop.
+//! * `lookup-hit`: `AddrIndex::get` with its read-side section, on a hot
+//!   set of 64 of 50,000 indexed addresses, values read.
+//! * `lookup-miss`: the same on 64 addresses that are not in the index.
+//! * `kprobe`: `Registry::on_entry` + `on_exit`, one probe with an entry
+//!   handler only on all 50,000 addresses, calls on the hot set of 64.
+//! * `kretprobe`: the same with entry and exit handlers and 8 bytes of
+//!   per-call data.
+//! * `hitcache-hit`: `AddrIndex::get` through a hit cache that is always
+//!   on (`HitCacheConfig::adaptive(false)`), warmed on the hot set, so
+//!   every lookup is a cache hit.
+//! * `objpool`: `ObjPool` pop + push through the thread's magazine.
+//! * `depot`, `malloc` (comparisons, not in the baseline): the pool with
+//!   magazines off (the shared depot alone), and a `Box` of the same 64
+//!   bytes allocated and freed.
+//!
+//! A second argument `uniform` spreads the lookups and calls of the
+//! `lookup-*`, `kprobe` and `kretprobe` modes over all 50,000 addresses
+//! (`none` must get it too, since it changes the set-up).
+//!
+//! Every mode builds every structure and warms each once on the hot set,
+//! so the set-up is the same for all and cancels out.
+//!
+//! **Deterministic.** Instruction counts do not depend on what else the
+//! machine runs, so they compare builds where timings are too noisy; the
+//! driver also removes what would make them differ between runs. The bare
+//! indexes get a fixed hash seed. A registry's index draws its seed from
+//! std's random hash keys and the address of a stack variable (the
+//! registry builder takes no seed), and where the 64 hot addresses land
+//! moves a dispatch by one or two instructions, so this binary defines
+//! `getrandom` (std's source of those keys) to return a fixed stream, and
+//! runs everything on a spawned thread, whose stack address does not
+//! depend on the length of the arguments and environment as the main
+//! thread's does. The script also runs it in a fixed environment (its
+//! size changes what the C library's start-up executes). Two runs then
+//! agree to within a few instructions in all (std's start-up parses
+//! `/proc/self/maps`), far below the 0.1 per operation printed.
+
+use std::hint::black_box;
+
+use fprobe::probe::{EntryAction, Fprobe, Registry};
+use fprobe::{AddrIndex, HitCacheConfig, ObjPool};
+
+/// Addresses in the indexes and registries.
+const ADDRS: u64 = 50_000;
+/// Operations per measured mode.
+const OPS: usize = 1_000_000;
+/// Addresses the hot stream cycles through.
+const HOT: usize = 64;
+/// Fixed hash seed of the bare indexes, so that their layout is the same
+/// on every run.
+const SEED: u64 = 7;
+
+/// The mode names (`scripts/instructions.sh` and the baseline use them).
+const MODES: &[&str] = &[
+    "none",
+    "rcu",
+    "lookup-hit",
+    "lookup-miss",
+    "kprobe",
+    "kretprobe",
+    "hitcache-hit",
+    "objpool",
+    "depot",
+    "malloc",
+];
+
+type Obj = [u64; 8];
+
+/// Everything any mode measures, built before any of them runs.
+struct Setup {
+    /// Indexed addresses, in the stream's order.
+    hits: Vec<u64>,
+    /// Addresses in no index, the same distance from the indexed ones.
+    misses: Vec<u64>,
+    index: AddrIndex<u64>,
+    cached: AddrIndex<u64>,
+    kprobe: Registry<u64>,
+    kretprobe: Registry<u64>,
+    pool: ObjPool<Obj>,
+    depot: ObjPool<Obj>,
+    /// The hit cache's misses after the warm-up.
+    cache_misses: u64,
+}
+
+fn main() {
+    let mode = std::env::args().nth(1).unwrap_or_else(|| "kprobe".into());
+    // A second argument `uniform` spreads the stream over every address.
+    let uniform = std::env::args().nth(2).as_deref() == Some("uniform");
+    if !MODES.contains(&mode.as_str()) {
+        eprintln!(
+            "usage: instructions {} [uniform] (got {mode:?})",
+            MODES.join("|")
+        );
+        std::process::exit(2);
+    }
+    // On a thread of its own: see "Deterministic" above.
+    std::thread::spawn(move || run(&mode, uniform))
+        .join()
+        .expect("the measured thread panicked");
+}
+
+fn run(mode: &str, uniform: bool) {
+    let s = setup(uniform);
+    match mode {
+        "none" => {}
+        "rcu" => rcu(),
+        "lookup-hit" => lookups(&s.index, &s.hits),
+        "lookup-miss" => lookups(&s.index, &s.misses),
+        "hitcache-hit" => lookups(&s.cached, &s.hits),
+        "kprobe" => dispatches(&s.kprobe, &s.hits),
+        "kretprobe" => dispatches(&s.kretprobe, &s.hits),
+        "objpool" => pops(&s.pool),
+        "depot" => pops(&s.depot),
+        "malloc" => mallocs(),
+        _ => unreachable!("main checked the mode"),
+    }
+    // Read in every mode, so that the check costs `none` the same.
+    let misses = cache_misses(&s.cached);
+    if mode == "hitcache-hit" && !uniform {
+        assert_eq!(misses, s.cache_misses, "a hot lookup missed the hit cache");
+    }
+    drop(black_box(s));
+}
+
+fn setup(uniform: bool) -> Setup {
+    let addrs: Vec<u64> = (0..ADDRS).map(|i| 0x40_0000 + i * 48).collect();
+    let spread = if uniform { addrs.len() } else { HOT };
+    let hits: Vec<u64> = (0..OPS)
+        .map(|i| addrs[(i * 7919 + i * i * 31) % spread])
+        .collect();
+    // 16 bytes past an indexed address: between two of them, in none.
+    let misses: Vec<u64> = hits.iter().map(|a| a + 16).collect();
+
+    let index = AddrIndex::<u64>::builder()
+        .capacity(addrs.len())
+        .hash_seed(SEED)
+        .build()
+        .expect("valid configuration");
+    index
+        .insert_many(addrs.iter().map(|&a| (a, a)))
+        .expect("room");
+    let cached = AddrIndex::<u64>::builder()
+        .capacity(addrs.len())
+        .hash_seed(SEED)
+        .hit_cache(HitCacheConfig::new().adaptive(false))
+        .build()
+        .expect("valid configuration");
+    cached
+        .insert_many(addrs.iter().map(|&a| (a, a)))
+        .expect("room");
+
+    let kprobe = Registry::<u64>::builder()
+        .capacity(addrs.len())
+        .build()
+        .expect("valid configuration");
+    let entry_only = Fprobe::<u64>::builder()
+        .entry(|e| {
+            black_box(e.addr);
+            EntryAction::Continue
+        })
+        .build();
+    kprobe.register(entry_only, &addrs).expect("room");
+
+    let kretprobe = Registry::<u64>::builder()
+        .capacity(addrs.len())
+        .build()
+        .expect("valid configuration");
+    let with_exit = Fprobe::<u64>::builder()
+        .data_size(8)
+        .entry(|e| {
+            e.data.copy_from_slice(&e.addr.to_ne_bytes());
+            EntryAction::Continue
+        })
+        .exit(|x| {
+            black_box(x.data);
+        })
+        .build();
+    kretprobe.register(with_exit, &addrs).expect("room");
+
+    let pool = ObjPool::new(1024, |_| Obj::default());
+    let depot = ObjPool::builder()
+        .thread_cache(0)
+        .build(1024, |_| Obj::default())
+        .expect("valid configuration");
+
+    // First use outside the measured loops: the thread's state in each
+    // registry, the hit cache's entries for the hot set (every measured
+    // lookup through it is then a hit), the pools' magazines.
+    let warm = &addrs[..HOT];
+    let warm_misses: Vec<u64> = warm.iter().map(|a| a + 16).collect();
+    lookups(&index, warm);
+    lookups(&index, &warm_misses);
+    lookups(&cached, warm);
+    dispatches(&kprobe, warm);
+    dispatches(&kretprobe, warm);
+    let cache_misses = cache_misses(&cached);
+    pops_n(&pool, 1);
+    pops_n(&depot, 1);
+
+    Setup {
+        hits,
+        misses,
+        index,
+        cached,
+        kprobe,
+        kretprobe,
+        pool,
+        depot,
+        cache_misses,
+    }
+}
+
+fn cache_misses(index: &AddrIndex<u64>) -> u64 {
+    index
+        .hit_cache_stats()
+        .expect("built with a hit cache")
+        .misses
+}
+
+#[inline(never)]
+fn rcu() {
+    for _ in 0..OPS {
+        drop(black_box(fprobe::rcu::read_lock()));
+    }
+}
+
+#[inline(never)]
+fn lookups(index: &AddrIndex<u64>, stream: &[u64]) {
+    for &a in stream {
+        let guard = fprobe::rcu::read_lock();
+        for v in index.get(a, &guard) {
+            black_box(v);
+        }
+    }
+}
+
+#[inline(never)]
+fn dispatches(reg: &Registry<u64>, stream: &[u64]) {
+    for &a in stream {
+        reg.on_entry(a, 0, &0);
+        reg.on_exit(0, &0);
+    }
+}
+
+fn pops(pool: &ObjPool<Obj>) {
+    pops_n(pool, OPS);
+}
+
+#[inline(never)]
+fn pops_n(pool: &ObjPool<Obj>, n: usize) {
+    for i in 0..n {
+        let mut o = pool.pop().expect("free objects");
+        o[0] = i as u64;
+        drop(black_box(o));
+    }
+}
+
+#[inline(never)]
+fn mallocs() {
+    for i in 0..OPS {
+        let mut o = Box::new(Obj::default());
+        o[0] = i as u64;
+        drop(black_box(o));
+    }
+}
+
+/// std's source of random hash keys (a weak reference to glibc's
+/// `getrandom(2)` wrapper, which this definition replaces in this binary):
+/// a fixed stream instead, so that every run builds the same hash tables.
+/// Nothing else in this program asks for randomness.
+///
+/// # Safety
+///
+/// `buf` must be valid for writes of `len` bytes, as `getrandom(2)`
+/// requires of its callers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn getrandom(buf: *mut u8, len: usize, _flags: u32) -> isize {
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for i in 0..len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        // SAFETY: `i < len`, and the caller passes a buffer of `len`
+        // writable bytes (the function's contract).
+        unsafe { buf.add(i).write(x as u8) };
+    }
+    len as isize
+}
