@@ -24,6 +24,7 @@
 pub(crate) mod sync;
 
 pub mod cache;
+mod context;
 mod cpu;
 mod error;
 pub mod index;

@@ -68,48 +68,6 @@ static INDICES: Mutex<Indices> = Mutex::new(Indices {
 
 static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 
-/// In the child of a `fork`, only the forking thread exists: generations
-/// below `FORK_FLOOR` (the next one at the latest fork; 0 before any)
-/// belong to threads that did not survive it, except `FORK_SURVIVOR`'s
-/// (the forking thread's). Their values stay owned forever: their indices
-/// are never given back.
-static FORK_FLOOR: AtomicU64 = AtomicU64::new(0);
-static FORK_SURVIVOR: AtomicU64 = AtomicU64::new(NONE);
-
-/// Whether the thread of generation `generation` may still exist.
-fn survives_forks(generation: u64) -> bool {
-    // Relaxed: written by the fork child handler on the only thread of the
-    // child, before any other thread exists in it.
-    generation >= FORK_FLOOR.load(Ordering::Relaxed)
-        || generation == FORK_SURVIVOR.load(Ordering::Relaxed)
-}
-
-/// Installs the fork child handler that records which generations died
-/// (once per process, before the first thread is given an index).
-fn install_fork_handler() {
-    #[cfg(all(unix, not(any(loom, miri))))]
-    {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| {
-            extern "C" fn child() {
-                // Async-signal-safe: a const thread-local and two atomics.
-                // Relaxed: the child has no other thread yet.
-                FORK_SURVIVOR.store(ID.get().2, Ordering::Relaxed);
-                FORK_FLOOR.store(NEXT_GENERATION.load(Ordering::Relaxed), Ordering::Relaxed);
-            }
-            // SAFETY: registers a function valid for the life of the
-            // process; pthread_atfork only stores the pointer.
-            let rc = unsafe { libc::pthread_atfork(None, None, Some(child)) };
-            if rc != 0 {
-                eprintln!(
-                    "fprobe: pthread_atfork failed ({rc}); a forked child may wait for \
-                     dispatches of threads that did not survive the fork"
-                );
-            }
-        });
-    }
-}
-
 std::thread_local! {
     /// This thread's index, as its (bucket, offset), and generation;
     /// `NONE` until the first `get_or`, `EXITED` once its index went back
@@ -193,6 +151,9 @@ impl Drop for Release {
         compiler_fence(Ordering::SeqCst);
         // Relaxed: this thread's own cells.
         LAST_ID.with(|l| l.iter().for_each(|c| c.store(0, Ordering::Relaxed)));
+        // The registry cache of the thread's context too (clearing the key
+        // only makes lookups miss: `crate::context` invariants).
+        crate::context::context().registry_key.set(0);
         if generation != NONE && generation != EXITED {
             lock(&INDICES)
                 .free
@@ -219,7 +180,6 @@ fn register_thread() -> Option<(usize, usize, u64)> {
     // Touch the release guard first: if it is already destroyed the index
     // could never be given back.
     RELEASE.try_with(|_| ()).ok()?;
-    install_fork_handler();
     let index = {
         let mut ids = lock(&INDICES);
         match ids.free.pop() {
@@ -451,15 +411,6 @@ impl<T, const SLOT: usize> PerThread<T, SLOT> {
     /// Every value made so far, of live and exited threads.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
         self.iter_owned().map(|(v, _)| v)
-    }
-
-    /// [`iter`](Self::iter) without the values of threads that did not
-    /// survive a `fork` (in its child): those no thread will ever use
-    /// again, whatever state they were left in.
-    pub(crate) fn iter_live(&self) -> impl Iterator<Item = &T> {
-        self.iter_owned()
-            .filter(|&(_, owner)| survives_forks(owner))
-            .map(|(v, _)| v)
     }
 
     /// Every value made so far, with its owner's generation.

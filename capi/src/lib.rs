@@ -23,9 +23,8 @@
 //!   same registry at any time, including [`fprobe_registry_destroy`] while
 //!   other threads dispatch (they get [`FPROBE_E_DESTROYED`] afterwards).
 //! * Handlers run on whichever thread hit the probe, possibly on several
-//!   threads at once, those dispatched through these functions inside an
-//!   RCU read-side section (exit handlers of functions attached at run
-//!   time, `fprobe_patch_attach`, outside one): they must be thread-safe,
+//!   threads at once, each inside an RCU read-side section of its
+//!   dispatch: they must be thread-safe,
 //!   must not unwind (C++ exceptions, `longjmp`) out of the handler, and
 //!   must not call [`fprobe_unregister`] or [`fprobe_registry_destroy`]
 //!   (those return [`FPROBE_E_BUSY`] in any handler).

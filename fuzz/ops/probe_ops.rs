@@ -273,11 +273,12 @@ struct Inst {
     cookie: u64,
 }
 
-/// One frame on a thread's shadow stack.
+/// One call on a thread's shadow stack.
 struct Frame {
-    /// Words it takes.
+    /// Words it takes (its frame and the bare word above it; 0 for a bare
+    /// call, which only counts in the bare word below).
     words: usize,
-    /// Kept exit handlers, oldest first (none: a marker).
+    /// Kept exit handlers, oldest first (none: a bare call).
     insts: Vec<Inst>,
     /// The stack address of the return it took, if any.
     sp: Option<u64>,
@@ -287,10 +288,8 @@ struct Frame {
 #[derive(Default)]
 struct ThreadModel {
     frames: Vec<Frame>,
-    /// Words in use.
+    /// Index of the bare word.
     top: usize,
-    /// Calls whose frame did not fit.
-    overflow: usize,
     /// `reset_pairing` was called since this thread's last dispatch.
     reset: bool,
     ignored: bool,
@@ -324,8 +323,8 @@ impl Model {
     }
 
     /// A nested call from a handler: recursion misses for every probe
-    /// attached there (enabled or not), nothing runs; its marker frame is
-    /// pushed and popped above the caller's reservation.
+    /// attached there (enabled or not), nothing runs; it counts as a bare
+    /// call above the caller's reservation, and ends.
     fn nested(&mut self, recurse: Option<u8>) {
         if let Some(a) = recurse {
             for (p, _) in self.at(addr(a)) {
@@ -341,36 +340,30 @@ impl Model {
             let keep = t.frames.iter().rposition(|f| f.sp.is_some());
             t.frames.truncate(keep.map_or(0, |k| k + 1));
             t.top = t.frames.iter().map(|f| f.words).sum();
-            t.overflow = 0;
             t.reset = false;
         }
     }
 
-    fn push_marker(&self, t: &mut ThreadModel) {
-        if t.top < self.cap {
-            t.top += 1;
-            t.frames.push(Frame {
-                words: 1,
-                insts: Vec::new(),
-                sp: None,
-            });
-        } else {
-            t.overflow += 1;
-        }
+    fn push_bare(&self, t: &mut ThreadModel) {
+        t.frames.push(Frame {
+            words: 0,
+            insts: Vec::new(),
+            sp: None,
+        });
     }
 
     fn on_entry(&mut self, t: &mut ThreadModel, a: u64) {
         self.entry(t, a, true, None);
     }
 
-    /// An entry; `mark`: push a marker when nothing is kept; `sp`: the
-    /// return it takes. Returns whether a full frame was pushed.
+    /// An entry; `mark`: count a bare call when nothing is kept; `sp`: the
+    /// return it takes. Returns whether a frame was pushed.
     fn entry(&mut self, t: &mut ThreadModel, a: u64, mark: bool, sp: Option<u64>) -> bool {
         self.begin(t);
         let at = self.at(a);
         if at.is_empty() || t.ignored {
             if mark {
-                self.push_marker(t);
+                self.push_bare(t);
             }
             return false;
         }
@@ -379,7 +372,8 @@ impl Model {
             + at.iter()
                 .map(|&(p, _)| frame_words(&self.probes[p].spec))
                 .sum::<usize>();
-        let reserved = need > header && t.top + need <= self.cap;
+        // The frame and a new bare word above the current one.
+        let reserved = need > header && t.top + need + 2 <= self.cap;
         let mut insts = Vec::new();
         let mut used = 0;
         for (p, cookie) in at {
@@ -419,13 +413,13 @@ impl Model {
         }
         if insts.is_empty() {
             if mark {
-                self.push_marker(t);
+                self.push_bare(t);
             }
             false
         } else {
-            t.top += used + header;
+            t.top += used + header + 1;
             t.frames.push(Frame {
-                words: used + header,
+                words: used + header + 1,
                 insts,
                 sp,
             });
@@ -435,8 +429,8 @@ impl Model {
 
     fn on_exit(&mut self, t: &mut ThreadModel) {
         self.begin(t);
-        if t.overflow > 0 {
-            t.overflow -= 1;
+        if t.frames.last().is_some_and(|f| f.words == 0) {
+            t.frames.pop(); // a bare call
             return;
         }
         if t.frames.last().is_none_or(|f| f.sp.is_some()) {
@@ -451,14 +445,16 @@ impl Model {
     fn on_return(&mut self, t: &mut ThreadModel, sp: u64) -> Option<u64> {
         self.begin(t);
         loop {
-            let at = t.frames.last()?.sp;
+            // The topmost frame; the bare calls above it are deeper still,
+            // and end with it.
+            let top = t.frames.iter().rposition(|f| f.words > 0)?;
+            let at = t.frames[top].sp;
             if at.is_some_and(|at| at > sp) {
                 return None;
             }
+            t.frames.truncate(top + 1);
             let frame = t.frames.pop().unwrap();
             t.top -= frame.words;
-            // The calls that did not fit were deeper still: over too.
-            t.overflow = 0;
             match at {
                 // A plain frame above: it ends unrun.
                 None => continue,

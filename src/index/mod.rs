@@ -435,6 +435,20 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
         unsafe { self.raw.get(addr) }
     }
 
+    /// [`get`](Self::get) inside a read-side section the caller holds in a
+    /// form other than a [`ReadGuard`] (the probe layer's dispatch section,
+    /// `rcu::raw::ReaderRecord::begin_dispatch`).
+    ///
+    /// # Safety
+    ///
+    /// The calling thread is inside a read-side section of the
+    /// process-wide domain for as long as the returned slice lives.
+    #[inline(always)]
+    pub(crate) unsafe fn get_in_section(&self, addr: u64) -> &[V] {
+        // SAFETY: forwarded contract; `self` is borrowed for `'g`.
+        unsafe { self.raw.get(addr) }
+    }
+
     /// Every value of `addr` with its id, as parallel slices.
     ///
     /// # Examples

@@ -27,11 +27,11 @@ pub struct EntryContext<'a, C> {
 
 /// What an exit handler sees.
 ///
-/// Exit handlers run outside any RCU read-side section of the dispatch
-/// (entry handlers run inside the entry's): an exit handler that reads
-/// RCU-protected data takes its own [`rcu::read_lock`](crate::rcu::read_lock).
-/// [`Registry::unregister`](super::Registry::unregister) still waits for
-/// every running exit handler of the probe before it returns.
+/// Exit handlers run inside the exit's RCU read-side section, as entry
+/// handlers run inside the entry's: they must not wait for a grace period
+/// ([`rcu::synchronize`](crate::rcu::synchronize) panics there), and
+/// [`Registry::unregister`](super::Registry::unregister) returns once every
+/// running exit handler of the probe has returned.
 pub struct ExitContext<'a, C> {
     /// The probed function's address.
     pub addr: u64,

@@ -1,16 +1,40 @@
 //! The hot path: entry and exit dispatch.
 //!
-//! An entry is one index lookup (inside the caller's RCU read section), one
-//! load of each attached probe's slot state, the handlers, and one frame
-//! pushed on the thread's shadow stack holding everything the exit needs
-//! (the kernel's fgraph model). An exit pops that frame and never looks
-//! the address up again: a probe registered between entry and return has
+//! # Invariants
+//!
+//! * **One section, one nesting word.** A dispatch runs inside a read-side
+//!   section of the thread's RCU record, and the outermost one marks it by
+//!   setting the record's `DISPATCH` bit (`rcu/raw.rs`): one load and one
+//!   store to begin, one load and one store to end. That section protects
+//!   everything the dispatch touches: the index record it looked up, and
+//!   the probes it runs, entry and exit handlers alike (`unregister`
+//!   changes a probe's generation, then waits for a grace period before it
+//!   frees it). The same bit is the recursion guard's level 0 and tells the
+//!   outermost dispatch from a nested one (a handler's, or a signal
+//!   handler's), which takes the cold path.
+//! * **One per-thread context.** The record and the registry the thread
+//!   dispatched through last are in the thread's context
+//!   (`crate::context`). An outermost dispatch reads the cached registry
+//!   state at once (no nested dispatch can change it while the bit is
+//!   set); the cache holds a state only under the key it was emptied
+//!   into (the registry's pairing epoch), so a hit checks no epoch.
+//! * **Only an outermost dispatch** empties a stack of an older pairing
+//!   epoch, writes the context's registry cache, or bumps the outer bank of
+//!   counters (plain load-add-store: `stats.rs`).
+//! * **An exit that ends a bare call** (one that kept nothing) touches no
+//!   probe and no index record, so it enters no section: it reads the
+//!   registry cache as key, state, key again (the writer clears the key
+//!   before it rewrites the pair) and takes one off the bare word.
+//!
+//! An entry is one index lookup, one load of each attached probe's slot
+//! state, the handlers, and one frame pushed on the thread's shadow stack
+//! holding everything the exit needs (the kernel's fgraph model), or one
+//! added to the bare word. An exit pops that frame and never looks the
+//! address up again: a probe registered between entry and return has
 //! nothing in the frame, and one unregistered since is recognised by its
 //! slot's generation. Neither takes a lock, allocates (after the thread's
 //! first dispatch through the registry), touches a reference count or
-//! writes a line another thread writes. An exit enters no RCU read-side
-//! section: the thread's dispatch count for the registry protects the
-//! probes it runs (`quiesce.rs`).
+//! writes a line another thread writes.
 
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -21,17 +45,27 @@ use super::recursion::{self, Entered};
 use super::registry::{Attach, Registry, state};
 use super::shadow::{HEADER, RETURN_WORDS, ShadowStack, TAKES_RETURN};
 use super::stats::{Counter, CounterView};
+use crate::context::{Context, context};
 use crate::rcu;
-use crate::sync::Ordering;
+use crate::sync::{Ordering, compiler_fence};
 
-/// Counts `which` for the probe of attachment `a` on this thread
-/// (`counters`: the view of the thread's counters for the registry).
+/// Counts `which` for the probe of attachment `a` (`counters`: the bank of
+/// the thread's counters this dispatch bumps).
 #[inline(always)]
 fn count(counters: CounterView, a: &Attach, which: Counter) {
     // SAFETY: `a.slot` is below the registry's slot count (`Attach`
     // invariant), which every thread's counters are made for; the
-    // dispatch holds the thread's state, which owns them.
+    // dispatch holds the thread's state, which owns them, and the bank is
+    // its own (outer only for an outermost dispatch).
     unsafe { counters.bump(a.slot, which) }
+}
+
+/// How a return ends the frames it pops: running their exit handlers, or
+/// not (`recursion`: refused as recursion, else an ignored thread).
+#[derive(Clone, Copy)]
+enum Ending {
+    Run,
+    Unrun { recursion: bool },
 }
 
 impl<C: Send + Sync + 'static> Registry<C> {
@@ -41,15 +75,15 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// this call returns.
     #[inline]
     pub fn on_entry(&self, addr: u64, ret_addr: u64, ctx: &C) {
-        self.on_entry_in(&rcu::read_lock(), addr, ret_addr, ctx);
+        self.entry::<true, false>(addr, ret_addr, 0, ctx);
     }
 
     /// [`on_entry`](Self::on_entry) inside a read-side section the caller
     /// already holds (an engine's hook that loaded the registry under it):
-    /// saves entering a nested section.
+    /// the dispatch's own section nests in it without loading the epoch.
     #[inline]
-    pub fn on_entry_in(&self, guard: &rcu::ReadGuard, addr: u64, ret_addr: u64, ctx: &C) {
-        self.entry::<true, false>(guard, addr, ret_addr, 0, ctx);
+    pub fn on_entry_in(&self, _guard: &rcu::ReadGuard, addr: u64, ret_addr: u64, ctx: &C) {
+        self.entry::<true, false>(addr, ret_addr, 0, ctx);
     }
 
     /// Function entry for an engine that hooks a return only when it has
@@ -76,7 +110,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// ```
     #[inline]
     pub fn on_entry_for_exit(&self, addr: u64, ret_addr: u64, ctx: &C) -> bool {
-        self.entry::<false, false>(&rcu::read_lock(), addr, ret_addr, 0, ctx)
+        self.entry::<false, false>(addr, ret_addr, 0, ctx)
     }
 
     /// Function entry for an engine that takes the call's return over: it
@@ -105,125 +139,212 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// ```
     #[inline]
     pub fn on_entry_taking_return(&self, addr: u64, ret_addr: u64, sp: u64, ctx: &C) -> bool {
-        self.entry::<false, true>(&rcu::read_lock(), addr, ret_addr, sp, ctx)
+        self.entry::<false, true>(addr, ret_addr, sp, ctx)
     }
 
-    /// An entry; `MARK`: push a marker when no exit handler is kept (the
-    /// caller calls `on_exit` for every entry); `RET`: the frame keeps
+    /// The thread's state cached in its context, read by a dispatch that
+    /// holds the `DISPATCH` bit (module docs).
+    #[inline(always)]
+    fn cached_local(&self, c: &Context) -> Option<&ShadowStack> {
+        if c.registry_key.get() != self.locals.key() {
+            return None;
+        }
+        // SAFETY: the key is this registry's current key, so the state is
+        // this thread's state in this registry (`local_outermost` caches
+        // no other under it, keys are never reused), which lives as long
+        // as the registry; no nested dispatch rewrites the pair while the
+        // caller holds the bit.
+        Some(unsafe { &*c.registry_state.get().cast::<ShadowStack>() })
+    }
+
+    /// An entry; `MARK`: count a bare call when no exit handler is kept
+    /// (the caller calls `on_exit` for every entry); `RET`: the frame keeps
     /// `ret_addr` and `sp` for [`on_return`](Self::on_return). Returns
-    /// whether a full frame was pushed.
+    /// whether a frame was pushed.
     #[inline(always)]
     fn entry<const MARK: bool, const RET: bool>(
         &self,
-        guard: &rcu::ReadGuard,
         addr: u64,
         ret_addr: u64,
         sp: u64,
         ctx: &C,
     ) -> bool {
-        let Some(local) = self.enter_local() else {
-            return false;
-        };
-        let attached = self.index.get(addr, guard);
-        // `Some(kept)` when the probes ran and `entry_frame` pushed the
-        // call's frame (or marker); `None` when nothing ran.
-        let framed = if attached.is_empty() {
-            None
-        } else {
-            match recursion::enter() {
-                Entered::Run(level) => {
-                    // One probe at the address, the usual case: straight-line
-                    // code.
-                    let kept = match attached {
-                        [a] => self.entry_one::<MARK, RET>(local, a, addr, ret_addr, sp, ctx),
-                        _ => {
-                            self.entry_frame::<MARK, RET>(local, attached, addr, ret_addr, sp, ctx)
-                        }
-                    };
-                    drop(level);
-                    Some(kept)
+        let c = context();
+        let rec = c.rcu.get();
+        if !rec.is_null() {
+            // SAFETY: a non-null record of the context is the thread's
+            // claimed record of the process-wide domain, never freed.
+            let rec = unsafe { &*rec };
+            if rcu::begin_dispatch(rec) {
+                if let Some(local) = self.cached_local(c) {
+                    // SAFETY: inside the dispatch's section until
+                    // `end_dispatch`, below.
+                    let attached = unsafe { self.index.get_in_section(addr) };
+                    let kept = self.entry_run::<MARK, RET>(
+                        local,
+                        local.counters.outer(),
+                        attached,
+                        addr,
+                        ret_addr,
+                        sp,
+                        ctx,
+                    );
+                    rec.end_dispatch();
+                    return kept;
                 }
-                Entered::Recursion => {
-                    for a in attached {
-                        count(local.counters.view(), a, Counter::Recursion);
-                    }
-                    None
-                }
-                Entered::Ignored => None,
+                rec.end_dispatch();
             }
-        };
-        if MARK && framed.is_none() {
-            local.push_marker();
         }
-        local.end();
-        framed.unwrap_or(false)
+        self.entry_slow::<MARK, RET>(addr, ret_addr, sp, ctx)
     }
 
-    /// [`entry_frame`](Self::entry_frame) for one attachment: the same
-    /// steps and counts, without the loop and the bookkeeping of several
-    /// return entries.
+    /// An entry off the fast path: the thread's first dispatch (no record
+    /// yet), a state not cached (first use of the registry, another
+    /// registry used since, a pairing reset, an ignored thread), or a
+    /// dispatch nested in another.
+    #[cold]
+    #[inline(never)]
+    fn entry_slow<const MARK: bool, const RET: bool>(
+        &self,
+        addr: u64,
+        ret_addr: u64,
+        sp: u64,
+        ctx: &C,
+    ) -> bool {
+        let Some(rec) = rcu::thread_record() else {
+            return false;
+        };
+        let c = context();
+        if rcu::begin_dispatch(rec) {
+            let kept = match self.local_outermost(c) {
+                None => false,
+                Some(local) if recursion::ignored(c) => {
+                    if MARK {
+                        local.push_bare();
+                    }
+                    false
+                }
+                Some(local) => {
+                    // SAFETY: inside the dispatch's section.
+                    let attached = unsafe { self.index.get_in_section(addr) };
+                    let counters = local.counters.outer();
+                    self.entry_run::<MARK, RET>(local, counters, attached, addr, ret_addr, sp, ctx)
+                }
+            };
+            rec.end_dispatch();
+            return kept;
+        }
+        // Nested: a section of its own inside the running dispatch's.
+        let guard = rcu::read_lock();
+        let Some(local) = self.local_nested() else {
+            return false;
+        };
+        let counters = local.counters.nested();
+        let attached = self.index.get(addr, &guard);
+        match recursion::enter_nested() {
+            Entered::Run(level) => {
+                let kept =
+                    self.entry_run::<MARK, RET>(local, counters, attached, addr, ret_addr, sp, ctx);
+                drop(level);
+                kept
+            }
+            entered => {
+                if matches!(entered, Entered::Recursion) {
+                    for a in attached {
+                        count(counters, a, Counter::Recursion);
+                    }
+                }
+                if MARK {
+                    local.push_bare();
+                }
+                false
+            }
+        }
+    }
+
+    /// Runs the probes of `attached` for an entry that may run handlers,
+    /// and keeps the call's frame (or counts it bare).
     #[inline(always)]
-    fn entry_one<const MARK: bool, const RET: bool>(
+    #[allow(clippy::too_many_arguments)]
+    fn entry_run<const MARK: bool, const RET: bool>(
         &self,
         local: &ShadowStack,
+        counters: CounterView,
+        attached: &[Attach],
+        addr: u64,
+        ret_addr: u64,
+        sp: u64,
+        ctx: &C,
+    ) -> bool {
+        let kept = match attached {
+            [] => false,
+            // One probe at the address, the usual case: straight-line code.
+            [a] => self.entry_one::<RET>(local, counters, a, addr, ret_addr, sp, ctx),
+            _ => self.entry_frame::<RET>(local, counters, attached, addr, ret_addr, sp, ctx),
+        };
+        if MARK && !kept {
+            local.push_bare();
+        }
+        kept
+    }
+
+    /// The entry of one attachment: [`entry_frame`](Self::entry_frame)'s
+    /// steps and counts, without the loop and the bookkeeping of several
+    /// return entries. Returns whether it pushed a frame.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn entry_one<const RET: bool>(
+        &self,
+        local: &ShadowStack,
+        counters: CounterView,
         a: &Attach,
         addr: u64,
         ret_addr: u64,
         sp: u64,
         ctx: &C,
     ) -> bool {
-        let counters = local.counters.view();
         // SAFETY: `a.slot` indexes `self.slots` (`Attach` invariant).
         let slot = unsafe { self.slots.get_unchecked(a.slot as usize) };
         // Acquire: as in `entry_frame`.
         let s = slot.state.load(Ordering::Acquire);
+        if s != state(a.generation, true) {
+            if s == state(a.generation, false) {
+                count(counters, a, Counter::Disabled);
+            }
+            return false;
+        }
         // Relaxed: ordered by the Acquire above.
         let p = slot.probe.load(Ordering::Relaxed);
-        let p = match s == state(a.generation, true) {
-            // SAFETY: as in `entry_frame`.
-            true => unsafe { p.as_ref() },
-            false => {
-                if s == state(a.generation, false) {
-                    count(counters, a, Counter::Disabled);
-                }
-                None
-            }
-        };
-        let Some(p) = p else {
-            if MARK {
-                local.push_marker();
-            }
+        // SAFETY: as in `entry_frame`.
+        let Some(p) = (unsafe { p.as_ref() }) else {
             return false;
         };
         let header = if RET { HEADER + RETURN_WORDS } else { HEADER };
         let fw = a.frame_words as usize;
-        let base = match fw {
+        let at = match fw {
             0 => None,
             _ => local.reserve(header + fw),
         };
-        let Some(base) = base else {
+        let Some(at) = at else {
             // No exit handler, or its frame does not fit.
             count(counters, a, Counter::Hits);
             if fw > 0 {
                 count(counters, a, Counter::Depth);
             }
             run_entry(p, a, counters, addr, ret_addr, ctx, &mut []);
-            if MARK {
-                local.push_marker();
-            }
             return false;
         };
         count(counters, a, Counter::Kept);
         let w = local.words();
         // SAFETY: as in `entry_frame`: the data words lie in our
         // reservation, which nothing else references until it is pushed.
-        let data = unsafe { w.data_mut(base, p.data_size) };
+        let data = unsafe { w.data_mut(at, p.data_size) };
         match run_entry(p, a, counters, addr, ret_addr, ctx, data) {
             EntryAction::Continue => {
-                let (dw, mut h) = (fw - 3, base + fw);
-                w.write(base + dw, a.cookie);
-                w.write(base + dw + 1, a.generation);
-                w.write(base + dw + 2, u64::from(a.slot) | (dw as u64) << 32);
+                let (dw, mut h) = (fw - 3, at + fw);
+                w.write(at + dw, a.cookie);
+                w.write(at + dw + 1, a.generation);
+                w.write(at + dw + 2, u64::from(a.slot) | (dw as u64) << 32);
                 if RET {
                     w.write(h, ret_addr);
                     w.write(h + 1, sp);
@@ -237,40 +358,37 @@ impl<C: Send + Sync + 'static> Registry<C> {
             }
             EntryAction::SkipExit => {
                 count(counters, a, Counter::Unrun);
-                if MARK {
-                    // The frame shrinks to a marker.
-                    w.write(base, 0);
-                    local.commit(base, 1);
-                } else {
-                    local.commit(base, 0);
-                }
+                local.release(at);
                 false
             }
         }
     }
 
     /// Runs the entry side of every probe in `attached` and pushes the
-    /// call's frame (see `shadow.rs` for the layout and why each step is
-    /// safe against a signal handler that dispatches in between).
+    /// call's frame when an exit is kept (see `shadow.rs` for the layout
+    /// and why each step is safe against a signal handler that dispatches
+    /// in between). Returns whether it pushed one.
     #[inline(always)]
-    fn entry_frame<const MARK: bool, const RET: bool>(
+    #[allow(clippy::too_many_arguments)]
+    fn entry_frame<const RET: bool>(
         &self,
         local: &ShadowStack,
+        counters: CounterView,
         attached: &[Attach],
         addr: u64,
         ret_addr: u64,
         sp: u64,
         ctx: &C,
     ) -> bool {
-        let (w, counters) = (local.words(), local.counters.view());
+        let w = local.words();
         let header = if RET { HEADER + RETURN_WORDS } else { HEADER };
         let need = header
-            + match attached {
-                [a] => a.frame_words as usize,
-                _ => attached.iter().map(|a| a.frame_words as usize).sum(),
-            };
-        // With no exit handler among them only a marker is needed.
-        let base = if need > header {
+            + attached
+                .iter()
+                .map(|a| a.frame_words as usize)
+                .sum::<usize>();
+        // With no exit handler among them nothing is kept.
+        let at = if need > header {
             local.reserve(need)
         } else {
             None
@@ -298,10 +416,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
             };
             // One count per hit: `Kept` for a hit that gets a return entry
             // (it ends in `Exits` or `Unrun`), `Hits` for the others.
-            let keep = match base {
-                Some(base) if a.frame_words > 0 => {
+            let keep = match at {
+                Some(at) if a.frame_words > 0 => {
                     count(counters, a, Counter::Kept);
-                    Some(base + used)
+                    Some(at + used)
                 }
                 _ => {
                     count(counters, a, Counter::Hits);
@@ -320,11 +438,11 @@ impl<C: Send + Sync + 'static> Registry<C> {
             };
             let action = run_entry(p, a, counters, addr, ret_addr, ctx, data);
             match (keep, action) {
-                (Some(at), EntryAction::Continue) => {
+                (Some(e), EntryAction::Continue) => {
                     let dw = a.frame_words as usize - 3;
-                    w.write(at + dw, a.cookie);
-                    w.write(at + dw + 1, a.generation);
-                    w.write(at + dw + 2, u64::from(a.slot) | (dw as u64) << 32);
+                    w.write(e + dw, a.cookie);
+                    w.write(e + dw + 1, a.generation);
+                    w.write(e + dw + 2, u64::from(a.slot) | (dw as u64) << 32);
                     used += a.frame_words as usize;
                     n += 1;
                 }
@@ -334,64 +452,141 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 (None, _) => {}
             }
         }
-        match base {
-            Some(base) if n > 0 => {
-                let mut h = base + used;
-                if RET {
-                    w.write(h, ret_addr);
-                    w.write(h + 1, sp);
-                    h += RETURN_WORDS;
-                }
-                w.write(h, addr);
-                w.write(h + 1, if RET { n | TAKES_RETURN } else { n });
-                local.commit(base, used + header);
-                true
-            }
-            Some(base) if MARK => {
-                // Reserved, nothing kept: the frame shrinks to a marker.
-                w.write(base, 0);
-                local.commit(base, 1);
-                false
-            }
-            Some(base) => {
-                // Reserved, nothing kept, no marker wanted: given back.
-                local.commit(base, 0);
-                false
-            }
-            None => {
-                if MARK {
-                    local.push_marker();
-                }
-                false
-            }
+        let Some(at) = at else {
+            return false;
+        };
+        if n == 0 {
+            // Reserved, nothing kept: given back.
+            local.release(at);
+            return false;
         }
+        let mut h = at + used;
+        if RET {
+            w.write(h, ret_addr);
+            w.write(h + 1, sp);
+            h += RETURN_WORDS;
+        }
+        w.write(h, addr);
+        w.write(h + 1, if RET { n | TAKES_RETURN } else { n });
+        local.commit(at, used + header);
+        true
     }
 
     /// Function return: runs the exit handlers kept by the matching
     /// [`on_entry`](Self::on_entry), newest first, skipping probes
     /// unregistered since. Never looks the address up again: a probe
     /// registered between entry and return has nothing kept for this call.
-    /// Exit handlers run outside any RCU read-side section (see
+    /// Exit handlers run inside the exit's read-side section (see
     /// [`ExitContext`]).
     #[inline]
     pub fn on_exit(&self, ret_addr: u64, ctx: &C) {
-        let Some(local) = self.enter_local() else {
+        let c = context();
+        let key = self.locals.key();
+        if c.registry_key.get() == key {
+            // Key, state, key again (module docs): a signal handler's
+            // dispatch that rewrote the pair in between left another key.
+            compiler_fence(Ordering::SeqCst);
+            let local = c.registry_state.get();
+            compiler_fence(Ordering::SeqCst);
+            if c.registry_key.get() == key {
+                // SAFETY: as in `cached_local`: the key matched on both
+                // sides of the state's load.
+                let local = unsafe { &*local.cast::<ShadowStack>() };
+                // A bare call touches no probe: no section.
+                if local.pop_bare() {
+                    return;
+                }
+                let rec = c.rcu.get();
+                // SAFETY: as in `entry`.
+                if !rec.is_null() && rcu::begin_dispatch(unsafe { &*rec }) {
+                    // SAFETY: as above.
+                    let rec = unsafe { &*rec };
+                    if let Some(t) = local.pop_frame() {
+                        let at = self.exit_frame::<false>(
+                            local,
+                            local.counters.outer(),
+                            t,
+                            ret_addr,
+                            ctx,
+                        );
+                        local.release(at);
+                    }
+                    rec.end_dispatch();
+                    return;
+                }
+            }
+        }
+        self.exit_slow(ret_addr, ctx);
+    }
+
+    /// An exit off the fast path (as [`entry_slow`](Self::entry_slow)).
+    #[cold]
+    #[inline(never)]
+    fn exit_slow(&self, ret_addr: u64, ctx: &C) {
+        let Some(rec) = rcu::thread_record() else {
             return;
         };
-        if let Some(top) = local.pop() {
-            // The count `enter_local` raised is this exit's read-side
-            // marker (`quiesce.rs`): ordered before the state loads of
-            // `exit_frame`.
-            local.active.order_exit(self.asymmetric);
-            let base = self.exit_frame::<false, true>(local, top, ret_addr, ctx);
-            local.release(base);
+        let c = context();
+        if rcu::begin_dispatch(rec) {
+            if let Some(local) = self.local_outermost(c) {
+                let ending = match recursion::ignored(c) {
+                    true => Ending::Unrun { recursion: false },
+                    false => Ending::Run,
+                };
+                self.exit_pop(local, local.counters.outer(), ending, ret_addr, ctx);
+            }
+            rec.end_dispatch();
+            return;
         }
-        local.end();
+        // Nested: a section of its own inside the running dispatch's.
+        let _guard = rcu::read_lock();
+        let Some(local) = self.local_nested() else {
+            return;
+        };
+        if local.pop_bare() {
+            return;
+        }
+        let counters = local.counters.nested();
+        match recursion::enter_nested() {
+            Entered::Run(level) => {
+                self.exit_pop(local, counters, Ending::Run, ret_addr, ctx);
+                drop(level);
+            }
+            entered => {
+                let recursion = matches!(entered, Entered::Recursion);
+                self.exit_pop(local, counters, Ending::Unrun { recursion }, ret_addr, ctx);
+            }
+        }
+    }
+
+    /// Pops a plain exit and ends its frame as `ending` says.
+    #[inline(always)]
+    fn exit_pop(
+        &self,
+        local: &ShadowStack,
+        counters: CounterView,
+        ending: Ending,
+        ret_addr: u64,
+        ctx: &C,
+    ) {
+        if local.pop_bare() {
+            return;
+        }
+        let Some(t) = local.pop_frame() else {
+            return;
+        };
+        let at = match ending {
+            Ending::Run => self.exit_frame::<false>(local, counters, t, ret_addr, ctx),
+            Ending::Unrun { recursion } => {
+                let n = local.read(t - 1);
+                self.end_unrun(local, counters, t - HEADER, n, recursion)
+            }
+        };
+        local.release(at);
     }
 
     /// [`on_exit`](Self::on_exit) for a caller inside a read-side section:
-    /// the same (an exit needs no section of its own), kept beside
-    /// [`on_entry_in`](Self::on_entry_in).
+    /// the same, kept beside [`on_entry_in`](Self::on_entry_in).
     #[inline]
     pub fn on_exit_in(&self, _guard: &rcu::ReadGuard, ret_addr: u64, ctx: &C) {
         self.on_exit(ret_addr, ctx);
@@ -415,87 +610,138 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// See [`on_entry_taking_return`](Self::on_entry_taking_return).
     #[inline]
     pub fn on_return(&self, sp: u64, ctx: &C) -> Option<u64> {
-        let local = self.enter_local()?;
-        // As in `on_exit`: the dispatch count is the read-side marker.
-        local.active.order_exit(self.asymmetric);
-        let ret = loop {
-            let t = local.top();
-            if t == 0 {
-                break None;
-            }
-            let word = local.read(t - 1);
-            // The frame's base, and the return address when the frame
-            // is ours.
-            let (base, ours) = if word & TAKES_RETURN == 0 {
-                // A plain entry's frame above ours, its exit never
-                // dispatched: it ends unrun.
-                let base = match word {
-                    0 => t - 1,
-                    _ => self.exit_frame::<false, false>(local, t, 0, ctx),
-                };
-                (base, None)
-            } else {
-                let at = local.read(t - HEADER - 1);
-                if at > sp {
-                    break None; // a frame of a caller's call: ours is gone
+        let c = context();
+        let rec = c.rcu.get();
+        if !rec.is_null() {
+            // SAFETY: as in `entry`.
+            let rec = unsafe { &*rec };
+            if rcu::begin_dispatch(rec) {
+                if let Some(local) = self.cached_local(c) {
+                    let counters = local.counters.outer();
+                    let ret = self.return_frames(local, counters, Ending::Run, sp, ctx);
+                    rec.end_dispatch();
+                    return ret;
                 }
-                let ret = local.read(t - HEADER - 2);
-                let base = self.exit_frame::<true, true>(local, t, ret, ctx);
-                (base, (at == sp).then_some(ret))
-            };
-            local.release(base);
-            local.end_overflows();
-            if ours.is_some() {
-                break ours;
+                rec.end_dispatch();
             }
-        };
-        local.end();
-        ret
+        }
+        self.return_slow(sp, ctx)
     }
 
-    /// Runs the exit handlers of the full frame below `top` (`RET`: one
-    /// that took a return; `RUN`: `false` to end its calls unrun instead);
-    /// returns the frame's base.
+    /// A return off the fast path (as [`entry_slow`](Self::entry_slow)).
+    #[cold]
+    #[inline(never)]
+    fn return_slow(&self, sp: u64, ctx: &C) -> Option<u64> {
+        let rec = rcu::thread_record()?;
+        let c = context();
+        if rcu::begin_dispatch(rec) {
+            let ret = self.local_outermost(c).and_then(|local| {
+                let ending = match recursion::ignored(c) {
+                    true => Ending::Unrun { recursion: false },
+                    false => Ending::Run,
+                };
+                self.return_frames(local, local.counters.outer(), ending, sp, ctx)
+            });
+            rec.end_dispatch();
+            return ret;
+        }
+        let _guard = rcu::read_lock();
+        let local = self.local_nested()?;
+        let counters = local.counters.nested();
+        match recursion::enter_nested() {
+            Entered::Run(level) => {
+                let ret = self.return_frames(local, counters, Ending::Run, sp, ctx);
+                drop(level);
+                ret
+            }
+            entered => {
+                let recursion = matches!(entered, Entered::Recursion);
+                self.return_frames(local, counters, Ending::Unrun { recursion }, sp, ctx)
+            }
+        }
+    }
+
+    /// Pops frames down to the one that took the return at `sp` (see
+    /// [`on_return`](Self::on_return)), ending each as `ending` says, and
+    /// returns its return address.
     #[inline(always)]
-    fn exit_frame<const RET: bool, const RUN: bool>(
+    fn return_frames(
         &self,
         local: &ShadowStack,
-        top: usize,
+        counters: CounterView,
+        ending: Ending,
+        sp: u64,
+        ctx: &C,
+    ) -> Option<u64> {
+        loop {
+            // Bare calls above the frame are deeper than it: popping the
+            // frame drops them (`release` goes below it).
+            let t = local.top();
+            if t == 0 {
+                return None;
+            }
+            let word = local.read(t - 1);
+            if word & TAKES_RETURN == 0 {
+                // A plain entry's frame above ours, its exit never
+                // dispatched: it ends unrun.
+                let at = self.end_unrun(local, counters, t - HEADER, word, false);
+                local.release(at);
+                continue;
+            }
+            let at_sp = local.read(t - HEADER - 1);
+            if at_sp > sp {
+                return None; // a frame of a caller's call: ours is gone
+            }
+            let ret = local.read(t - HEADER - 2);
+            let at = match ending {
+                Ending::Run => self.exit_frame::<true>(local, counters, t, ret, ctx),
+                Ending::Unrun { recursion } => {
+                    let entries = t - HEADER - RETURN_WORDS;
+                    self.end_unrun(local, counters, entries, word & !TAKES_RETURN, recursion)
+                }
+            };
+            local.release(at);
+            if at_sp == sp {
+                return Some(ret);
+            }
+        }
+    }
+
+    /// Runs the exit handlers of the frame under the bare word `t` (`RET`:
+    /// one that took a return); returns the frame's first word.
+    #[inline(always)]
+    fn exit_frame<const RET: bool>(
+        &self,
+        local: &ShadowStack,
+        counters: CounterView,
+        t: usize,
         ret_addr: u64,
         ctx: &C,
     ) -> usize {
         let w = local.words();
-        // A plain frame's top word has no flag to clear (`pop` saw to it).
+        // A plain frame's top word has no flag to clear (`pop_frame` saw
+        // to it).
         let n = match RET {
-            true => w.read(top - 1) & !TAKES_RETURN,
-            false => w.read(top - 1),
+            true => w.read(t - 1) & !TAKES_RETURN,
+            false => w.read(t - 1),
         };
         let entries = if RET {
-            top - HEADER - RETURN_WORDS
+            t - HEADER - RETURN_WORDS
         } else {
-            top - HEADER
+            t - HEADER
         };
-        let level = match (RUN, recursion::enter()) {
-            (true, Entered::Run(level)) => level,
-            (_, entered) => {
-                let recursion = RUN && matches!(entered, Entered::Recursion);
-                return self.end_unrun(local, entries, n, recursion);
-            }
-        };
-        let addr = w.read(top - 2);
-        let p = match n {
+        let addr = w.read(t - 2);
+        match n {
             // One probe, the usual case: no loop.
-            1 => self.exit_entry(local, entries, addr, ret_addr, ctx),
+            1 => self.exit_entry(local, counters, entries, addr, ret_addr, ctx),
             _ => {
                 let mut p = entries;
                 for _ in 0..n {
-                    p = self.exit_entry(local, p, addr, ret_addr, ctx);
+                    p = self.exit_entry(local, counters, p, addr, ret_addr, ctx);
                 }
                 p
             }
-        };
-        drop(level);
-        p
+        }
     }
 
     /// Runs the exit handler of the return entry ending at word `p` (below
@@ -505,6 +751,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     fn exit_entry(
         &self,
         local: &ShadowStack,
+        counters: CounterView,
         p: usize,
         addr: u64,
         ret_addr: u64,
@@ -522,27 +769,25 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // (shadow.rs: `top` covers every word in use).
         let slot = unsafe { self.slots.get_unchecked(slot_idx as usize) };
         // Acquire: pairs with the Release state store of
-        // `register_with_cookies`; the probe pointer is visible. Ordered
-        // after this dispatch's count by `order_exit` (`quiesce.rs`).
+        // `register_with_cookies`; the probe pointer is visible.
         if slot.state.load(Ordering::Acquire) >> 1 != generation {
             // Unregistered since the entry: its counts are gone with it
             // (an `Unrun` here would land on the slot's next probe).
             return data_at;
         }
         let bump = |which| {
-            // SAFETY: `slot_idx` indexes `self.slots` (above), and every
-            // thread's counters cover its length.
-            unsafe { local.counters.view().bump(slot_idx, which) }
+            // SAFETY: `slot_idx` indexes `self.slots` (above), every
+            // thread's counters cover its length, and the bank is this
+            // dispatch's.
+            unsafe { counters.bump(slot_idx, which) }
         };
         // Relaxed: ordered by the Acquire above.
         let fp = slot.probe.load(Ordering::Relaxed);
-        // SAFETY: the generation matched after this thread's dispatch count
-        // was raised and ordered (`order_exit`), so `unregister` (which
-        // changes the generation, runs its barrier, then waits for the
-        // dispatches it saw running on each thread to end before it frees
-        // the probe) has not freed it, and cannot until this dispatch ends
-        // (`quiesce.rs`). A kept entry always has its probe and an exit
-        // handler.
+        // SAFETY: the generation matched inside this dispatch's read-side
+        // section, so `unregister` (which changes the generation, then
+        // waits for a grace period before it frees the probe) has not
+        // freed it, and cannot until the section ends. A kept entry always
+        // has its probe and an exit handler.
         let Some(fp) = (unsafe { fp.as_ref() }) else {
             bump(Counter::Unrun);
             return data_at;
@@ -586,10 +831,17 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// their exit handlers (an ignored thread, a recursive exit, or frames
     /// dropped by `on_return`), counting `Unrun` (and `Recursion` if
     /// `recursion`) for those whose probe is still registered; returns the
-    /// frame's base.
+    /// frame's first word.
     #[cold]
     #[inline(never)]
-    fn end_unrun(&self, local: &ShadowStack, entries: usize, n: u64, recursion: bool) -> usize {
+    fn end_unrun(
+        &self,
+        local: &ShadowStack,
+        counters: CounterView,
+        entries: usize,
+        n: u64,
+        recursion: bool,
+    ) -> usize {
         let w = local.words();
         let mut p = entries;
         for _ in 0..n {
@@ -604,12 +856,13 @@ impl<C: Send + Sync + 'static> Registry<C> {
             if slot.state.load(Ordering::Acquire) >> 1 != generation {
                 continue;
             }
-            // SAFETY: `slot_idx` indexes `self.slots` (checked above).
+            // SAFETY: `slot_idx` indexes `self.slots` (checked above); the
+            // bank is this dispatch's.
             unsafe {
                 if recursion {
-                    local.counters.view().bump(slot_idx, Counter::Recursion);
+                    counters.bump(slot_idx, Counter::Recursion);
                 }
-                local.counters.view().bump(slot_idx, Counter::Unrun);
+                counters.bump(slot_idx, Counter::Unrun);
             }
         }
         p
@@ -619,31 +872,84 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// frame that took a return, or one adopted from an exited thread
     /// (`epoch == None`) entirely: the return entries it drops end as
     /// `Unrun`, so that `in_flight` counts only calls that can still
-    /// return.
+    /// return. Only by an outermost dispatch, inside its section: an
+    /// `unregister` that changes a generation waits for it, so a count
+    /// never lands on the slot's next probe.
     #[cold]
     #[inline(never)]
     pub(super) fn forget_frames(&self, local: &ShadowStack, epoch: Option<u64>) {
         // A pairing reset keeps the calls whose return was taken.
         let keep = epoch.map_or(0, |_| local.kept_by_reset());
-        {
-            // The generation check and the count inside one section: an
-            // `unregister` that changes the generation waits for it, so the
-            // count never lands on the slot's next probe.
-            let _section = rcu::read_lock();
-            local.each_return_entry(keep, |slot_idx, generation| {
-                let Some(slot) = self.slots.get(slot_idx as usize) else {
-                    return;
-                };
-                // Acquire: as in `exit_frame`.
-                if slot.state.load(Ordering::Acquire) >> 1 == generation {
-                    // SAFETY: `slot_idx` indexes `self.slots` (checked).
-                    unsafe { local.counters.bump(slot_idx, Counter::Unrun) };
-                }
-            });
-        }
+        let counters = local.counters.outer();
+        local.each_return_entry(keep, |slot_idx, generation| {
+            let Some(slot) = self.slots.get(slot_idx as usize) else {
+                return;
+            };
+            // Acquire: as in `exit_entry`.
+            if slot.state.load(Ordering::Acquire) >> 1 == generation {
+                // SAFETY: `slot_idx` indexes `self.slots` (checked); the
+                // outer bank, by an outermost dispatch.
+                unsafe { counters.bump(slot_idx, Counter::Unrun) };
+            }
+        });
         match epoch {
             Some(epoch) => local.forget(epoch, keep),
             None => local.adopt(),
+        }
+    }
+
+    /// The thread's state for an outermost dispatch (one that set the
+    /// `DISPATCH` bit) that missed the context's cache: made on first use
+    /// (an exited thread's adopted), emptied into the current pairing
+    /// epoch if it belongs to an older one, and cached unless the thread
+    /// is ignored. `None` while the thread's thread-locals are being
+    /// destroyed.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn local_outermost(&self, c: &Context) -> Option<&ShadowStack> {
+        // The key before the stack is looked at: if it changes meanwhile,
+        // the stack is cached under a key that no longer matches.
+        let key = self.locals.key();
+        let local = self.local_made(key)?;
+        if local.epoch() != key {
+            self.forget_frames(local, Some(key));
+        }
+        if !recursion::ignored(c) {
+            // The key first: an exit that reads the pair without the bit
+            // (`on_exit`) misses while it is rewritten.
+            c.registry_key.set(0);
+            compiler_fence(Ordering::SeqCst);
+            c.registry_state
+                .set((local as *const ShadowStack).cast::<()>());
+            compiler_fence(Ordering::SeqCst);
+            c.registry_key.set(key);
+        }
+        Some(local)
+    }
+
+    /// The thread's state for a dispatch nested in another: never emptied
+    /// (the running dispatch may be building or reading a frame; the next
+    /// outermost dispatch empties it) and never cached.
+    #[cold]
+    fn local_nested(&self) -> Option<&ShadowStack> {
+        self.local_made(self.locals.key())
+    }
+
+    /// The thread's state, made (or adopted) on first use with pairing
+    /// epoch `key`.
+    pub(super) fn local_made(&self, key: u64) -> Option<&ShadowStack> {
+        match self.locals.find() {
+            Some(l) => Some(l),
+            None => {
+                recursion::init_thread();
+                self.locals.get_or(
+                    || ShadowStack::new(self.stack_words, self.slots.len(), key),
+                    // Frames of the exited thread end as unrun. The outer
+                    // bank is free to bump even in a nested dispatch: no
+                    // dispatch of this thread uses a state it just adopted.
+                    |s| self.forget_frames(s, None),
+                )
+            }
         }
     }
 }

@@ -27,23 +27,27 @@
 //!   the address's attachments; it pushes one frame on the thread's shadow
 //!   stack holding every exit handler's identity, cookie and per-call data
 //!   (`shadow.rs`). Exit pops the frame and never queries the index.
-//! * **Freeing a probe** (`quiesce.rs`): entries run inside an RCU
-//!   read-side section; exits do not enter one: the thread's count of its
-//!   running dispatches of the registry, which dispatch keeps anyway,
-//!   is their read-side marker. `unregister` runs a barrier, then waits
-//!   for a grace period and, on each thread, for the dispatches it saw
-//!   running after the barrier to end (at most one outermost dispatch).
-//! * **Per-thread state** is found through the crate's `PerThread`: one
-//!   thread-local load and one compare, no walk over other registries; it
-//!   is freed with the registry, and the state of an exited thread is
-//!   adopted by the next thread given its index.
+//! * **Freeing a probe**: every dispatch, entry or exit, runs inside a
+//!   read-side section of the thread's RCU record; `unregister` changes
+//!   the probe's generation, waits for a grace period, then frees it.
+//! * **One per-thread context** (`crate::context`): the thread's RCU
+//!   record, whose one word is the read-side nesting, the mark of a
+//!   running dispatch and the recursion guard's first level; the registry
+//!   the thread dispatched through last and its state there; the
+//!   recursion guard's other levels. A dispatch reaches it once.
+//! * **Per-thread state** (the shadow stack and counters) is found in the
+//!   context, else through the crate's `PerThread`: one thread-local load
+//!   and one compare, no walk over other registries; it is freed with the
+//!   registry, and the state of an exited thread is adopted by the next
+//!   thread given its index.
 //! * **Recursion guard per context** (`recursion.rs`): a probed call made
 //!   while a handler of the same context runs is refused and counted; a
 //!   signal handler that interrupted a handler is another context, and its
 //!   probes run.
 //! * **Counters** (`stats.rs`) are per thread and per slot, stored by their
-//!   thread only (one-instruction increments) and summed on read: no
-//!   shared-line write on the hit path, no racy increments.
+//!   thread only and summed on read: a plain add in the outermost dispatch,
+//!   a one-instruction increment in a nested one (a bank of their own), so
+//!   no shared-line write on the hit path and no lost increment.
 //!
 //! # Consistency
 //!
@@ -58,7 +62,8 @@
 //! * When `unregister` returns no handler of the probe is running or will
 //!   run. It never waits for a thread parked between entry and exit (that
 //!   call's exit handler is skipped), so it cannot hang on one, nor for a
-//!   thread that did not survive a `fork`.
+//!   thread that did not survive a `fork` (the RCU's fork handler marks
+//!   such threads' records quiescent).
 //! * [`drain`](Registry::drain) stops a probe's entries and waits, up to a
 //!   timeout, until its calls in flight on other threads have returned
 //!   ([`ProbeStats::in_flight`], less the caller's own, reaches 0): drained,
@@ -75,7 +80,7 @@
 //! |---|---|---|---|
 //! | [`on_entry`](Registry::on_entry), [`on_exit`](Registry::on_exit), [`on_entry_taking_return`](Registry::on_entry_taking_return), [`on_return`](Registry::on_return) | never | a thread's first dispatch through a registry only (its state; [`prepare_thread`](Registry::prepare_thread) does it ahead) | yes, once the thread's state exists |
 //! | [`register`](Registry::register) | briefly (registry mutex, index stripes) | yes | no |
-//! | [`unregister`](Registry::unregister) | yes: a grace period, and the dispatches of the registry running on other threads | no | no |
+//! | [`unregister`](Registry::unregister) | yes: a grace period (every dispatch running on another thread ends) | no | no |
 //! | [`drain`](Registry::drain) | yes: a grace period, then until the calls in flight return or the timeout | no | no |
 //! | [`enable`](Registry::enable), [`disable`](Registry::disable), [`stats`](Registry::stats) | briefly (registry mutex) | no | no |
 //! | [`reset_pairing`](Registry::reset_pairing) | never | no | yes |
@@ -97,23 +102,24 @@
 //!
 //! # Performance
 //!
-//! An entry is: an RCU read-side section, the thread's state (a one-entry
-//! thread-local cache keyed by the pairing epoch, else the `PerThread`
-//! buckets), the index lookup, the recursion guard, per attachment one load of
-//! the slot's state word, a counter increment and the handler call, and a
-//! frame push. A marker exit is the thread's state and one pop; a full exit
-//! adds the guard and, per kept handler, three stack reads, the state load
-//! and the call (no read-side section: see *Freeing a probe*). With every
-//! line in cache that is about 180 instructions for an entry + exit pair
-//! without exit handler and 277 with one (`examples/dispatch_cost.rs`
-//! under callgrind), of which the lookup and its read-side section take
-//! about 65. A lock-free exit and
-//! per-thread everything make dispatch scale with threads where a locked
-//! table collapses; at one thread it is also faster than a locked table,
-//! but by less with an exit handler, and a locked table whose addresses
-//! share one handler list (a shorter path, so the processor overlaps more
-//! calls' cache misses) is faster on calls spread over many addresses with
-//! an exit handler. Figures: `BENCHMARKS.md`, section "Probe dispatch".
+//! An entry is: the thread's context (one thread-local block), its
+//! dispatch section (one load and one store of the thread's RCU word, and
+//! the epoch's load when no section is open), the cached state's key
+//! compare, the index lookup, per attachment one load of the slot's state
+//! word, a counter increment (a plain add) and the handler call, and a
+//! frame push or one added to the bare word. An exit that ends a bare
+//! call is the context, a key compare and one store, with no section; an
+//! exit with handlers adds the section and, per kept handler, three stack
+//! reads, the state load, the call and a counter increment. Nested
+//! dispatches (a handler's, a signal handler's) and a thread's first one
+//! take a cold path. With every line in cache that is about 125
+//! instructions for an entry + exit pair without exit handler and 239
+//! with one (`examples/instructions.rs`, modes `kprobe` and `kretprobe`,
+//! under callgrind: `scripts/instructions.sh`), of which the lookup and
+//! its read-side section take about 65. A lock-free exit and per-thread
+//! everything make dispatch scale with threads where a locked table
+//! collapses. Figures: `BENCHMARKS.md`, sections "Probe dispatch" and
+//! "Instruction counts".
 //!
 //! # Examples
 //!
@@ -138,7 +144,6 @@
 mod def;
 mod dispatch;
 mod ffi;
-mod quiesce;
 mod recursion;
 mod registry;
 mod shadow;

@@ -39,45 +39,31 @@
 //! Outside Linux the mask is not read: every hit during a handler is
 //! refused as recursion, as in a guard with one context.
 //!
+//! # Where the levels live
+//!
+//! Level 0 is the `DISPATCH` bit of the thread's RCU word (`rcu/raw.rs`):
+//! an outermost dispatch sets it for its whole length, lookup included,
+//! so a dispatch that finds it clear runs its handlers at level 0 with no
+//! other test, and one that finds it set is nested and comes here
+//! ([`enter_nested`]). Setting the bit for the lookup too changes nothing
+//! for the same context (no code of the thread's own runs there) and
+//! sends a signal handler that interrupts a lookup through the mask test,
+//! which finds it another context. The levels above, the masks and the
+//! ignore bit are in the thread's context (`crate::context`).
+//!
 //! # Signal safety
 //!
 //! Every field is owner-only, and each change is undone by the code that
 //! made it before it returns (a level's bit is cleared on leaving): a
-//! signal handler that runs between any two instructions of [`enter`] or
-//! [`Level`]'s drop finds and leaves `busy` as the interrupted code will
-//! next read it. A level's mask is meaningful only while its bit is set;
-//! `enter_nested` says how it stays right.
+//! signal handler that runs between any two instructions of
+//! [`enter_nested`] or [`Level`]'s drop finds and leaves `busy` as the
+//! interrupted code will next read it. A level's mask is meaningful only
+//! while its bit is set; `enter_nested` says how it stays right.
 
-use std::cell::Cell;
-
-/// Context levels: normal code and up to three nested signal handlers (as
-/// the kernel's four contexts).
-pub(super) const MAX_LEVELS: usize = 4;
+use crate::context::{Context, MAX_LEVELS, context};
 
 /// A signal mask as the kernel's `rt_sigprocmask` reads it (64 signals).
 type Mask = u64;
-
-struct Guard {
-    /// Bit `l` set while a handler of level `l` runs; [`IGNORE`] while the
-    /// thread is ignored.
-    busy: Cell<u32>,
-    /// The signal mask of each level; level 0's is read at the thread's
-    /// first dispatch (`mask0_read`).
-    masks: [Cell<Mask>; MAX_LEVELS],
-    mask0_read: Cell<bool>,
-}
-
-std::thread_local! {
-    // Const-initialised, no destructor: usable at every point of a
-    // thread's life, signal handlers included.
-    static GUARD: Guard = const {
-        Guard {
-            busy: Cell::new(0),
-            masks: [const { Cell::new(0) }; MAX_LEVELS],
-            mask0_read: Cell::new(false),
-        }
-    };
-}
 
 /// The calling thread's signal mask, if it can be read.
 fn current_mask() -> Option<Mask> {
@@ -107,27 +93,16 @@ fn current_mask() -> Option<Mask> {
 /// dispatch through a registry (which allocates anyway).
 #[cold]
 pub(super) fn init_thread() {
-    GUARD.with(|g| {
-        if !g.mask0_read.get() {
-            g.masks[0].set(current_mask().unwrap_or(0));
-            g.mask0_read.set(true);
-        }
-    });
+    let c = context();
+    if !c.mask0_read.get() {
+        c.masks[0].set(current_mask().unwrap_or(0));
+        c.mask0_read.set(true);
+    }
 }
 
-/// This thread's guard. `GUARD` is const-initialised and has no
-/// destructor: it lives as long as the thread, and every reference handed
-/// out here is used by dispatch on the same thread only.
-#[inline(always)]
-fn guard() -> &'static Guard {
-    // SAFETY: as above: the pointer is valid for the thread's life, and
-    // `Guard` is `!Sync` (its cells), so the reference cannot leave it.
-    GUARD.with(|g| unsafe { &*(g as *const Guard) })
-}
-
-/// A context level whose handlers are running; leaves it on drop. Holds
-/// the mask that clears the level's bit (`!(1 << level)`), so that leaving
-/// is one `and`.
+/// A context level above 0 whose handlers are running; leaves it on drop.
+/// Holds the mask that clears the level's bit (`!(1 << level)`), so that
+/// leaving is one `and`.
 pub(super) struct Level(u32);
 
 impl Level {
@@ -142,7 +117,7 @@ impl Level {
     }
 }
 
-/// What a hit may do.
+/// What a nested hit may do.
 pub(super) enum Entered {
     /// Run handlers, at this level.
     Run(Level),
@@ -152,50 +127,57 @@ pub(super) enum Entered {
     Ignored,
 }
 
-/// Bit of `busy` set while the thread is ignored: never a level's bit, and
-/// it sends every hit to the slow path, which sees it first.
+/// Bit of `busy` set while the thread is ignored: never a level's bit.
 const IGNORE: u32 = 1 << 31;
 
+/// Sets or clears the ignore bit, and empties the thread's registry cache
+/// so that the next dispatch takes the slow path, which sees the bit.
 pub(super) fn set_ignored(ignore: bool) {
-    let g = guard();
-    let busy = g.busy.get();
-    g.busy.set(if ignore {
+    let c = context();
+    let busy = c.busy.get();
+    c.busy.set(if ignore {
         busy | IGNORE
     } else {
         busy & !IGNORE
     });
+    // Only makes lookups miss (`crate::context` invariants).
+    c.registry_key.set(0);
 }
 
-/// Whether a handler runs on the calling thread, in any context level
-/// (an ignored thread runs none).
+/// Whether the thread is ignored.
+#[inline]
+pub(super) fn ignored(c: &Context) -> bool {
+    c.busy.get() & IGNORE != 0
+}
+
+/// Whether a dispatch or a handler runs on the calling thread, in any
+/// context level.
 #[inline]
 pub(super) fn in_handler() -> bool {
-    guard().busy.get() & !IGNORE != 0
+    let c = context();
+    let rec = c.rcu.get();
+    // SAFETY: a non-null record of the thread's context is its claimed
+    // record of the process-wide domain, never freed.
+    let dispatching = !rec.is_null() && unsafe { &*rec }.dispatching();
+    dispatching || c.busy.get() & !IGNORE != 0
 }
 
-/// Enters a context level to run handlers in, unless a handler of the
-/// caller's own context is running or the thread is ignored.
-#[inline(always)]
-pub(super) fn enter() -> Entered {
-    let g = guard();
-    let busy = g.busy.get();
-    if busy == 0 {
-        g.busy.set(1);
-        return Entered::Run(Level::of(0));
-    }
-    enter_nested(g, busy)
-}
-
+/// Enters a context level above 0 for a hit made while a dispatch runs on
+/// the thread (level 0 is held), unless a handler of the caller's own
+/// context is running or the thread is ignored.
 #[cold]
-fn enter_nested(g: &Guard, busy: u32) -> Entered {
+pub(super) fn enter_nested() -> Entered {
+    let c = context();
+    let busy = c.busy.get();
     if busy & IGNORE != 0 {
         return Entered::Ignored;
     }
-    let top = 31 - busy.leading_zeros();
+    // Level 0 is held (the caller found `DISPATCH` set).
+    let top = 31 - (busy | 1).leading_zeros();
     let Some(cur) = current_mask() else {
         return Entered::Recursion;
     };
-    if cur == g.masks[top as usize].get() {
+    if cur == c.masks[top as usize].get() {
         return Entered::Recursion;
     }
     let level = top + 1;
@@ -208,21 +190,21 @@ fn enter_nested(g: &Guard, busy: u32) -> Entered {
     // the mask is written again once the bit is set (from then on nested
     // code takes a higher level). In between, a nested hit compares with
     // that other handler's mask: at worst it is refused as recursion.
-    g.masks[level as usize].set(cur);
-    g.busy.set(busy | 1 << level);
-    g.masks[level as usize].set(cur);
+    c.masks[level as usize].set(cur);
+    c.busy.set(busy | 1 << level);
+    c.masks[level as usize].set(cur);
     Entered::Run(Level::of(level))
 }
 
 impl Drop for Level {
     #[inline(always)]
     fn drop(&mut self) {
-        let g = guard();
-        g.busy.set(g.busy.get() & self.0);
+        let c = context();
+        c.busy.set(c.busy.get() & self.0);
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
@@ -233,30 +215,34 @@ mod tests {
         }
     }
 
+    /// Holds level 0 as an outermost dispatch does.
+    fn level0() -> &'static crate::rcu::raw::ReaderRecord {
+        let rec = crate::rcu::thread_record().unwrap();
+        assert!(crate::rcu::begin_dispatch(rec));
+        rec
+    }
+
     #[test]
     fn nested_entry_in_the_same_context_is_refused() {
         init_thread();
-        let outer = run(enter());
-        assert_eq!(outer.level(), 0);
+        let rec = level0();
+        assert!(in_handler());
         assert!(
-            matches!(enter(), Entered::Recursion),
+            matches!(enter_nested(), Entered::Recursion),
             "same mask: recursion"
         );
-        drop(outer);
-        let again = run(enter());
-        assert_eq!(again.level(), 0);
-        drop(again);
         set_ignored(true);
-        assert!(matches!(enter(), Entered::Ignored));
+        assert!(matches!(enter_nested(), Entered::Ignored));
         set_ignored(false);
-        drop(run(enter()));
+        rec.end_dispatch();
+        assert!(!in_handler());
     }
 
     #[cfg(all(target_os = "linux", not(miri)))]
     #[test]
     fn a_different_signal_mask_is_a_new_level() {
         init_thread();
-        let outer = run(enter());
+        let rec = level0();
         // Block a signal as a signal handler's entry would.
         // SAFETY: plain sigset manipulation on locals; restored below.
         unsafe {
@@ -265,19 +251,19 @@ mod tests {
             libc::sigemptyset(&mut set);
             libc::sigaddset(&mut set, libc::SIGUSR2);
             libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-            let inner = run(enter());
+            let inner = run(enter_nested());
             assert_eq!(inner.level(), 1);
             assert!(
-                matches!(enter(), Entered::Recursion),
+                matches!(enter_nested(), Entered::Recursion),
                 "recursion inside the new context"
             );
             drop(inner);
             libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         }
         assert!(
-            matches!(enter(), Entered::Recursion),
+            matches!(enter_nested(), Entered::Recursion),
             "back in level 0's context"
         );
-        drop(outer);
+        rec.end_dispatch();
     }
 }

@@ -14,14 +14,13 @@
 //!
 //! # When a probe is freed
 //!
-//! `unregister` changes the generation, then waits for every dispatch that
-//! may still use the probe: entries run inside an RCU read-side section (a
-//! grace period waits for them), exits inside the thread's dispatch count
-//! for the registry (`quiesce.rs`: a barrier, then a wait, on each thread,
-//! for the dispatches seen running to end). Only then is the probe dropped
-//! and its slot freed. A failed registration cannot wait (it may run
-//! inside a read-side section): its probe is parked and dropped after the
-//! next such wait, or with the registry.
+//! `unregister` changes the generation, then waits for a grace period:
+//! every dispatch, entry or exit, runs inside a read-side section of the
+//! thread's RCU record (`dispatch.rs`), so once the grace period ends no
+//! dispatch that may have seen the old generation is still running. Only
+//! then is the probe dropped and its slot freed. A failed registration
+//! cannot wait (it may run inside a read-side section): its probe is
+//! parked and dropped after the next such wait, or with the registry.
 
 use super::def::Fprobe;
 use super::recursion;
@@ -148,7 +147,7 @@ impl<C> Drop for Parked<C> {
     fn drop(&mut self) {
         // SAFETY: from `Box::into_raw`, taken out of its slot by a failed
         // registration and dropped once, here; whoever drops it waited for
-        // every dispatch that could have loaded it (`Registry::wait_for_dispatches`)
+        // every dispatch that could have loaded it (a grace period)
         // or holds the registry exclusively.
         drop(unsafe { Box::from_raw(self.0) });
     }
@@ -188,16 +187,14 @@ pub struct Registry<C: 'static> {
     book: Mutex<Book<C>>,
     /// Each thread's shadow stack and counters, freed with the registry.
     /// Its key changes at every [`reset_pairing`](Registry::reset_pairing):
-    /// a stack cached under the current key belongs to the current pairing
-    /// epoch (the key is the epoch; see `enter_local`).
+    /// a stack cached in a thread's context under the current key belongs
+    /// to the current pairing epoch (the key is the epoch; see
+    /// `local_outermost` in `dispatch.rs`).
     pub(super) locals: PerThread<ShadowStack, { CacheSlot::Registry as usize }>,
     /// Words of each thread's shadow stack.
-    stack_words: usize,
+    pub(super) stack_words: usize,
     /// Largest per-call data a probe may ask for, in bytes.
     data_size: usize,
-    /// Whether the exits' handshake with `unregister` uses asymmetric
-    /// fences (`quiesce.rs`); the RCU domain's mode, fixed for the process.
-    pub(super) asymmetric: bool,
 }
 
 /// Builds a [`Registry`].
@@ -253,12 +250,13 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
     }
 
     /// Nesting depth each thread's shadow stack holds: at least this many
-    /// nested calls, each with a return probe of the full `data_size`, and
-    /// three calls without one for each of those. Deeper calls still run
-    /// their entry handlers; their exit handlers are skipped and counted
-    /// ([`Missed::depth`](super::Missed::depth)). Each thread that
-    /// dispatches takes `max_depth × (ceil(data_size / 8) + 8)` words (a
-    /// frame that took a return takes two more than a plain one).
+    /// nested calls, each with a return probe of the full `data_size`
+    /// (calls that keep nothing for an exit take no room, at any depth).
+    /// Deeper calls still run their entry handlers; their exit handlers
+    /// are skipped and counted ([`Missed::depth`](super::Missed::depth)).
+    /// Each thread that dispatches takes `max_depth × (ceil(data_size /
+    /// 8) + 8)` words (a frame takes its data words and 6 more, 8 when
+    /// it took a return).
     pub fn max_depth(mut self, depth: usize) -> Self {
         self.max_depth = depth;
         self
@@ -332,7 +330,6 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
             locals: PerThread::new(),
             stack_words,
             data_size: self.data_size,
-            asymmetric: rcu::asymmetric_fences(),
         })
     }
 }
@@ -414,7 +411,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // for it). The slot is ours meanwhile: it is off the free list.
             let parked = std::mem::take(&mut book.parked);
             drop(book);
-            self.wait_for_dispatches();
+            rcu::synchronize_unchecked();
             drop(parked);
             book = self.book();
         }
@@ -550,9 +547,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
             }
         }
         // (3) Handlers already running finish: every dispatch that could
-        // have seen the old generation is inside a read section (entries)
-        // or counted by its thread (exits).
-        self.wait_for_dispatches();
+        // have seen the old generation is inside a read-side section.
+        rcu::synchronize_unchecked();
         drop(parked);
         let s = &self.slots[h.slot as usize];
         // Relaxed: the waits above order every dispatcher before us.
@@ -568,41 +564,11 @@ impl<C: Send + Sync + 'static> Registry<C> {
         Ok(())
     }
 
-    /// Whether the calling thread may wait for dispatches: it is inside
-    /// no RCU read-side section, no handler and no dispatch of this
-    /// registry (each would wait for itself).
+    /// Whether the calling thread may wait for a grace period: it is
+    /// inside no RCU read-side section, which every dispatch and handler
+    /// is (each would wait for itself).
     fn may_wait(&self) -> bool {
-        !rcu::in_read_section()
-            && !recursion::in_handler()
-            && !self.locals.find().is_some_and(|l| l.active.running())
-    }
-
-    /// Waits until every dispatch running when it was called has ended: a
-    /// grace period for the entries, then the exits' handshake
-    /// (`quiesce.rs`). State stores made before the call are seen by every
-    /// dispatch that was not waited for.
-    fn wait_for_dispatches(&self) {
-        rcu::heavy_barrier(self.asymmetric);
-        // The exits' counts are read before the grace period and waited
-        // for after it, so that both waits overlap (each holds a thread up
-        // for about one dispatch). Without allocating, only the first
-        // `SEEN` threads' counts are kept; the others are read after the
-        // grace period (later, so no less safe). Values are never removed
-        // and new ones need no wait (made after the barrier), so the
-        // threads past the first `SEEN` are still past them.
-        const SEEN: usize = 32;
-        let mut seen: [(Option<&ShadowStack>, u64); SEEN] = [(None, 0); SEEN];
-        for (s, local) in seen.iter_mut().zip(self.locals.iter_live()) {
-            *s = (Some(local), local.active.read());
-        }
-        rcu::synchronize();
-        for (local, first) in seen {
-            let Some(local) = local else { break };
-            local.active.wait_past(first);
-        }
-        for local in self.locals.iter_live().skip(SEEN) {
-            local.active.wait_past(local.active.read());
-        }
+        !rcu::in_read_section() && !recursion::in_handler()
     }
 
     /// Sets the enabled bit of a live probe's state.
@@ -713,20 +679,32 @@ impl<C: Send + Sync + 'static> Registry<C> {
         if self.locals.find().is_none() {
             return Ok(self.stats(h)?.in_flight);
         }
-        // Inside a dispatch's `begin`/`end`, as the walk's reads need: a
-        // signal handler's dispatch meanwhile then neither forgets the
-        // frames nor writes below `top`. Frames of an older pairing epoch
-        // are forgotten first (their `Unrun`s before the sum is read).
-        let Some(local) = self.enter_local() else {
-            return Ok(self.stats(h)?.in_flight);
-        };
-        let total = self.stats(h).map(|s| s.in_flight);
-        let mut own = 0;
-        local.each_return_entry(0, |slot, generation| {
-            own += u64::from(slot == h.slot && generation == h.generation);
+        // Inside an outermost dispatch, as the walk's reads need: a signal
+        // handler's dispatch meanwhile then neither forgets the frames nor
+        // writes below `top`. Frames of an older pairing epoch are
+        // forgotten first (their `Unrun`s before the sum is read).
+        let own = self.in_dispatch(|local| {
+            let mut own = 0;
+            local.each_return_entry(0, |slot, generation| {
+                own += u64::from(slot == h.slot && generation == h.generation);
+            });
+            own
         });
-        local.end();
-        Ok(total?.saturating_sub(own))
+        let total = self.stats(h)?.in_flight;
+        Ok(total.saturating_sub(own.unwrap_or(0)))
+    }
+
+    /// Runs `f` on the thread's state inside an outermost dispatch (the
+    /// caller is inside none); `None` while the thread's thread-locals are
+    /// being destroyed.
+    fn in_dispatch<R>(&self, f: impl FnOnce(&ShadowStack) -> R) -> Option<R> {
+        let rec = rcu::thread_record()?;
+        if !rcu::begin_dispatch(rec) {
+            return None;
+        }
+        let r = self.local_outermost(crate::context::context()).map(f);
+        rec.end_dispatch();
+        r
     }
 
     /// The probe's counters, summed over threads.
@@ -770,60 +748,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// the first dispatch on a thread does it otherwise.
     pub fn prepare_thread(&self) {
         rcu::register_thread();
-        if let Some(local) = self.enter_local() {
-            local.end();
-        }
-    }
-
-    /// Starts a dispatch on this thread's state ([`ShadowStack::begin`]),
-    /// made on first use, and returns it; `None` while the thread's
-    /// thread-locals are being destroyed. The caller ends the dispatch
-    /// ([`ShadowStack::end`]).
-    ///
-    /// A stack found in the thread-local cache belongs to the current
-    /// pairing epoch: the cache is keyed by the key of `locals`, which
-    /// every [`reset_pairing`](Self::reset_pairing) changes, and a stack is
-    /// cached only under the key it was emptied into. So the fast path
-    /// checks no epoch; a stack of an older one is found through the slow
-    /// path, which empties it first.
-    #[inline(always)]
-    pub(super) fn enter_local(&self) -> Option<&ShadowStack> {
-        match self.locals.get_cached() {
-            Some(l) => {
-                l.begin();
-                Some(l)
-            }
-            None => self.enter_local_slow(),
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn enter_local_slow(&self) -> Option<&ShadowStack> {
-        // The key before the stack is looked at: if it changes meanwhile,
-        // the stack is cached under a key that no longer matches.
-        let key = self.locals.key();
-        let local = match self.locals.find() {
-            Some(l) => l,
-            None => {
-                recursion::init_thread();
-                self.locals.get_or(
-                    || ShadowStack::new(self.stack_words, self.slots.len(), key),
-                    // Frames of the exited thread end as unrun.
-                    |s| self.forget_frames(s, None),
-                )?
-            }
-        };
-        // Emptied only by the outermost dispatch: an inner one (a handler's,
-        // or a signal handler's) runs on the older epoch's frames, caches
-        // nothing, and the next outermost dispatch comes here again.
-        if local.begin() && local.epoch() != key {
-            self.forget_frames(local, Some(key));
-        }
-        if local.epoch() == key {
-            self.locals.remember(local, key);
-        }
-        Some(local)
+        // Made, or adopted, with nothing else of this thread's using it
+        // (`local_made`): no dispatch needed around it.
+        let _ = self.local_made(self.locals.key());
     }
 }
 

@@ -3,32 +3,36 @@
 //!
 //! # Frame layout
 //!
-//! The stack is an array of 64-bit words; `top` counts the words in use.
-//! Every `on_entry` pushes one frame and the matching `on_exit` pops it:
+//! The stack is an array of 64-bit words. `top` is the index of the
+//! **bare word**: the number of calls above the topmost frame that kept
+//! nothing on the stack (no exit handler to run, or a frame that did not
+//! fit). Every `on_entry` adds one call and the matching `on_exit` takes
+//! it off:
 //!
-//! * a call that keeps nothing for its exit pushes a one-word **marker**,
-//!   `[0]`;
-//! * a call with `n ≥ 1` exit handlers to run pushes, from low to high
-//!   addresses, `n` **return entries** and then `[addr, n]`. A return entry
-//!   is `[data…, cookie, generation, meta]`: the probe's per-call data
-//!   (`dw` words), the cookie of its attachment, the generation of its
-//!   slot at entry, and `meta = slot | dw << 32`. The top word tells the
-//!   exit what to read, newest entry first, and where the frame starts;
+//! * a call that keeps nothing adds one to the bare word, and its exit
+//!   takes one off;
+//! * a call with `n ≥ 1` exit handlers to run pushes a **frame** above the
+//!   bare word, from low to high addresses `n` **return entries** and then
+//!   `[addr, n]`, and a new bare word (0) above it: `top` moves there. A
+//!   return entry is `[data…, cookie, generation, meta]`: the probe's
+//!   per-call data (`dw` words), the cookie of its attachment, the
+//!   generation of its slot at entry, and `meta = slot | dw << 32`. The
+//!   word below `top` tells the exit what to read, newest entry first,
+//!   and where the frame starts; the bare word below the frame is the
+//!   count of the calls below it, back in force once the frame is popped
+//!   (`top` moves down to it);
 //! * a call whose entry took its return over (an engine that replaces the
 //!   return address, `Registry::on_entry_taking_return`) and kept `n ≥ 1`
 //!   return entries pushes them, then `[ret_addr, sp, addr, n |
 //!   TAKES_RETURN]`: the caller's return address and where the engine
 //!   found it, which only `Registry::on_return` pops and hands back. Such
-//!   a call pushes nothing when it keeps no return entry.
+//!   a call adds nothing when it keeps no return entry.
 //!
 //! A pairing reset keeps every frame up to the topmost one that took a
 //! return (those calls still return through their engine, which needs its
-//! return address back) and drops the frames above it.
-//!
-//! Calls whose frame does not fit are counted in `overflow` instead (the
-//! innermost calls, so their exits come first and pop the count). A
-//! return taken over that pops a frame ends them too
-//! ([`ShadowStack::end_overflows`]): they are deeper than every frame.
+//! return address back) and drops the frames and bare calls above it. A
+//! return taken over that pops its frame drops the bare calls above it
+//! too: they are deeper, and their exits, if any come, find nothing.
 //!
 //! # Signal safety
 //!
@@ -40,22 +44,21 @@
 //! it is about to write *before* writing them (reserving the most its
 //! frame can take, then lowering `top` to what it used); a pop lowers
 //! `top` only *after* its last read of the frame, exit handlers included.
-//! A nested dispatch therefore only writes above `top`, never into a
-//! frame being built or read, and leaves `top` and `overflow` as it found
-//! them. Each store of `top` is separated from the frame accesses it
-//! orders by a compiler fence (a signal handler runs on the same thread:
-//! program order is all it needs, no hardware fence). A stack of an older
-//! pairing epoch is emptied only by a dispatch that found no other of its
-//! registry running on the thread (`active`), so never under a frame
-//! being built or read.
-//!
-//! The counters take one-instruction increments ([`Counters::bump`]), so
-//! a nested increment is never lost either.
+//! A nested dispatch therefore only writes at or above `top`, never into
+//! a frame being built or read, and leaves `top` as it found it. It does
+//! use the word at `top` as its bare word: a push that has raised `top`
+//! writes the new bare word (0) after the raise, so a nested dispatch in
+//! between may count on a word not yet written, but its counts are
+//! balanced (one up, one down) and the push's store comes after them.
+//! Each store of `top` is separated from the frame accesses it orders by
+//! a compiler fence (a signal handler runs on the same thread: program
+//! order is all it needs, no hardware fence). A stack of an older pairing
+//! epoch is emptied only by an outermost dispatch (one that set the
+//! thread's `DISPATCH` bit), so never under a frame being built or read.
 
 use std::cell::Cell;
 use std::ptr::NonNull;
 
-use super::quiesce::Activity;
 use super::stats::Counters;
 use crate::sync::{Ordering, compiler_fence};
 
@@ -69,14 +72,8 @@ pub(super) const TAKES_RETURN: u64 = 1 << 63;
 
 /// One thread's state for one registry.
 pub(super) struct ShadowStack {
-    /// Words of `stack` in use. Owner-only.
+    /// Index of the bare word (module docs); below `cap`. Owner-only.
     top: Cell<usize>,
-    /// Calls whose frame did not fit, popped before any frame. Owner-only.
-    overflow: Cell<usize>,
-    /// Dispatches of this registry running on this thread (more than one
-    /// only when a handler or a signal handler dispatched inside one):
-    /// stored by the owner only, read by `unregister` (`quiesce.rs`).
-    pub(super) active: Activity,
     /// The registry's pairing epoch this stack belongs to (a key of the
     /// registry's `locals`). Owner-only.
     epoch: Cell<u64>,
@@ -87,10 +84,10 @@ pub(super) struct ShadowStack {
     pub(super) counters: Counters,
 }
 
-// SAFETY: every field but `counters` and `active` is used by the owning
-// thread only (the `PerThread` invariant: one owner at a time, handed over
-// under the index allocator's mutex); `counters` and `active` are atomics
-// stored by the owner only and loaded by anyone.
+// SAFETY: every field but `counters` is used by the owning thread only
+// (the `PerThread` invariant: one owner at a time, handed over under the
+// index allocator's mutex); `counters` are atomics stored by the owner
+// only and loaded by anyone.
 unsafe impl Sync for ShadowStack {}
 // SAFETY: the stack is a plain heap allocation owned by `ShadowStack`.
 unsafe impl Send for ShadowStack {}
@@ -109,12 +106,11 @@ impl Drop for ShadowStack {
 
 impl ShadowStack {
     pub(super) fn new(words: usize, slots: usize, epoch: u64) -> Self {
+        // At least the bare word; zeroed, so the bare count starts at 0.
         let stack: Box<[u64]> = vec![0; words.max(1)].into_boxed_slice();
         let cap = stack.len();
         Self {
             top: Cell::new(0),
-            overflow: Cell::new(0),
-            active: Activity::new(),
             epoch: Cell::new(epoch),
             // SAFETY: a boxed slice's pointer is non-null.
             stack: unsafe { NonNull::new_unchecked(Box::into_raw(stack).cast::<u64>()) },
@@ -126,17 +122,7 @@ impl ShadowStack {
     /// Taken over from an exited thread: its frames are meaningless here.
     pub(super) fn adopt(&self) {
         self.top.set(0);
-        self.overflow.set(0);
-        self.active.reset();
-    }
-
-    /// Starts a dispatch. Returns whether it is the outermost one of this
-    /// registry on the thread: only then may the stack be emptied
-    /// ([`forget`](Self::forget)); otherwise another dispatch's frame is
-    /// being built or read.
-    #[inline(always)]
-    pub(super) fn begin(&self) -> bool {
-        self.active.begin()
+        self.write(0, 0);
     }
 
     /// The pairing epoch the stack belongs to.
@@ -145,22 +131,21 @@ impl ShadowStack {
         self.epoch.get()
     }
 
-    /// Empties the stack into pairing epoch `epoch` (after
-    /// [`begin`](Self::begin) said so), down to `keep` words
-    /// ([`kept_by_reset`](Self::kept_by_reset)).
+    /// Empties the stack into pairing epoch `epoch` (by an outermost
+    /// dispatch only), down to the bare word at `keep`
+    /// ([`kept_by_reset`](Self::kept_by_reset)), whose calls it drops.
     pub(super) fn forget(&self, epoch: u64, keep: usize) {
         self.top.set(keep);
-        self.overflow.set(0);
+        self.write(keep, 0);
         self.epoch.set(epoch);
     }
 
-    /// Words a pairing reset keeps: up to the end of the topmost frame
-    /// that took a return, 0 when none did.
+    /// Where a pairing reset cuts the stack: the bare word above the
+    /// topmost frame that took a return, 0 when none did.
     pub(super) fn kept_by_reset(&self) -> usize {
-        let mut t = self.top.get().min(self.cap);
+        let mut t = self.top.get().min(self.cap - 1);
         while t > 0 {
-            let word = self.read(t - 1);
-            if word & TAKES_RETURN != 0 {
+            if self.read(t - 1) & TAKES_RETURN != 0 {
                 return t;
             }
             match self.frame_base(t, |_, _| ()) {
@@ -172,12 +157,12 @@ impl ShadowStack {
     }
 
     /// Calls `f(slot, generation)` for every return entry on the stack
-    /// above word `from`, newest first. Stops at a frame that does not
-    /// parse. Only the stack of a thread that exited inside a dispatch can
-    /// hold a torn frame; its stale words may also parse, and then be
-    /// counted.
+    /// above the bare word `from`, newest first. Stops at a frame that
+    /// does not parse. Only the stack of a thread that exited inside a
+    /// dispatch can hold a torn frame; its stale words may also parse, and
+    /// then be counted.
     pub(super) fn each_return_entry(&self, from: usize, mut f: impl FnMut(u32, u64)) {
-        let mut t = self.top.get().min(self.cap);
+        let mut t = self.top.get().min(self.cap - 1);
         while t > from {
             match self.frame_base(t, &mut f) {
                 Some(base) => t = base,
@@ -186,14 +171,11 @@ impl ShadowStack {
         }
     }
 
-    /// The base of the frame ending at word `t` (`0 < t ≤ min(top, cap)`),
-    /// calling `f(slot, generation)` for each of its return entries,
-    /// newest first; `None` when it does not parse.
+    /// The bare word below the frame under the bare word `t` (`0 < t <
+    /// cap`), calling `f(slot, generation)` for each of its return
+    /// entries, newest first; `None` when it does not parse.
     fn frame_base(&self, t: usize, mut f: impl FnMut(u32, u64)) -> Option<usize> {
         let word = self.read(t - 1);
-        if word == 0 {
-            return Some(t - 1);
-        }
         let header = if word & TAKES_RETURN != 0 {
             HEADER + RETURN_WORDS
         } else {
@@ -208,45 +190,52 @@ impl ShadowStack {
             f(meta as u32, generation);
             p = next;
         }
-        Some(p)
+        p.checked_sub(1)
     }
 
-    /// Ends a dispatch started by [`begin`](Self::begin).
-    #[inline(always)]
-    pub(super) fn end(&self) {
-        self.active.end();
-    }
-
-    /// Reserves `words` above `top` if they fit; returns the frame's base.
+    /// Reserves a frame of `words` words above the bare word, with a new
+    /// bare word (0) above it, if they fit; returns the frame's first word.
     #[inline(always)]
     pub(super) fn reserve(&self, words: usize) -> Option<usize> {
-        let base = self.top.get();
-        if words > self.cap - base {
+        let t = self.top.get();
+        // `t < cap`, so no underflow.
+        if words >= self.cap - 1 - t {
             return None;
         }
-        self.top.set(base + words);
+        let at = t + 1;
+        self.top.set(at + words);
         // The reservation is in memory before any write into it.
         compiler_fence(Ordering::SeqCst);
-        Some(base)
+        self.write(at + words, 0);
+        Some(at)
     }
 
-    /// Ends a frame reserved at `base`: `top` becomes `base + words`
-    /// (`words` at most the reservation, all written).
+    /// Shrinks a frame reserved at `at` to its first `words` words (at
+    /// least one, all written), with its bare word above them.
     #[inline(always)]
-    pub(super) fn commit(&self, base: usize, words: usize) {
+    pub(super) fn commit(&self, at: usize, words: usize) {
+        self.write(at + words, 0);
         // The frame's words are in memory before `top` stops covering the
         // rest of the reservation.
         compiler_fence(Ordering::SeqCst);
-        self.top.set(base + words);
+        self.top.set(at + words);
     }
 
-    /// Pushes a marker frame, or counts an overflow.
+    /// Ends the frame that starts at word `at` (reserved, or popped and
+    /// read): `top` goes back to the bare word below it, after every read
+    /// of the frame.
     #[inline(always)]
-    pub(super) fn push_marker(&self) {
-        match self.reserve(1) {
-            Some(base) => self.write(base, 0),
-            None => self.overflow.set(self.overflow.get() + 1),
-        }
+    pub(super) fn release(&self, at: usize) {
+        compiler_fence(Ordering::SeqCst);
+        self.top.set(at - 1);
+    }
+
+    /// Adds a call that keeps nothing. A load and a store of the bare
+    /// word: a signal handler's dispatch in between leaves it as found.
+    #[inline(always)]
+    pub(super) fn push_bare(&self) {
+        let (w, t) = (self.words(), self.top.get());
+        w.write(t, w.read(t) + 1);
     }
 
     /// Word `i` (below `top`).
@@ -261,9 +250,7 @@ impl ShadowStack {
         self.words().write(i, v);
     }
 
-    /// The stack's words, for a dispatch to keep in a register: accesses
-    /// through it need not reload the stack's address after each compiler
-    /// fence or counter increment.
+    /// The stack's words, for a dispatch to keep in a register.
     #[inline(always)]
     pub(super) fn words(&self) -> Words {
         Words {
@@ -273,59 +260,38 @@ impl ShadowStack {
         }
     }
 
-    /// Pops a plain exit: `Some(top)` when the top frame is a full frame
-    /// of a plain entry (the caller reads it, then
-    /// [`release`](Self::release)s it), `None` when there was nothing to
-    /// run (an overflow, a marker, or an empty stack: an exit with no
-    /// matching entry) or the top frame took a return (it stays for
-    /// `Registry::on_return`).
+    /// Ends a bare call, if the bare word counts one: one off it (a load
+    /// and a store, as [`push_bare`](Self::push_bare)).
     #[inline(always)]
-    pub(super) fn pop(&self) -> Option<usize> {
-        let overflow = self.overflow.get();
-        if overflow > 0 {
-            self.overflow.set(overflow - 1);
-            return None;
+    pub(super) fn pop_bare(&self) -> bool {
+        let (w, t) = (self.words(), self.top.get());
+        let bare = w.read(t);
+        if bare == 0 {
+            return false;
         }
+        w.write(t, bare - 1);
+        true
+    }
+
+    /// After [`pop_bare`](Self::pop_bare) found none: `Some(top)` when the
+    /// top frame is a frame of a plain entry (the caller reads the frame,
+    /// then [`release`](Self::release)s it), `None` when the stack is
+    /// empty (an exit with no matching entry) or the top frame took a
+    /// return (it stays for `Registry::on_return`).
+    #[inline(always)]
+    pub(super) fn pop_frame(&self) -> Option<usize> {
         let t = self.top.get();
-        if t == 0 {
-            return None;
-        }
-        let word = self.read(t - 1);
-        // One test for both cases (`TAKES_RETURN` is the sign bit).
-        if (word as i64) <= 0 {
-            if word == 0 {
-                // The marker is read before `top` gives its word up (a
-                // signal handler may reuse it at once).
-                compiler_fence(Ordering::SeqCst);
-                self.top.set(t - 1);
-            }
-            // Only `on_return` pops a frame that took a return.
+        // Only `on_return` pops a frame that took a return (the sign bit).
+        if t == 0 || (self.read(t - 1) as i64) < 0 {
             return None;
         }
         Some(t)
     }
 
-    /// Ends the calls counted in `overflow`: a call below them returned
-    /// (`Registry::on_return` popped a frame), so they are over, and their
-    /// exits, if any come, find nothing to pop. Without this a later exit
-    /// of a call that fits would pop the count instead of its frame.
-    #[inline(always)]
-    pub(super) fn end_overflows(&self) {
-        self.overflow.set(0);
-    }
-
-    /// Words in use.
+    /// Index of the bare word.
     #[inline(always)]
     pub(super) fn top(&self) -> usize {
         self.top.get()
-    }
-
-    /// Releases the frame from `base` up: `top` becomes `base`, after
-    /// every read of the frame.
-    #[inline(always)]
-    pub(super) fn release(&self, base: usize) {
-        compiler_fence(Ordering::SeqCst);
-        self.top.set(base);
     }
 }
 

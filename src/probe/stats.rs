@@ -117,83 +117,114 @@ fn pending(s: &Sums) -> u64 {
         .saturating_sub(s[Counter::Unrun as usize])
 }
 
-/// One thread's counters for every slot of a registry.
+/// One thread's counters for every slot of a registry, in two banks: the
+/// *outer* bank, bumped by the thread's outermost dispatch, and the
+/// *nested* bank, bumped by a dispatch that runs while another does (a
+/// handler's, or a signal handler's).
+///
+/// An outer bump is a plain load, add and store, which the compiler may
+/// keep in registers around it and schedule freely: no other bump of the
+/// outer bank can run between the load and the store, because a dispatch
+/// that interrupts the outermost one (a signal handler's) finds the
+/// thread's `DISPATCH` bit set and bumps the nested bank. A nested bump
+/// may itself be interrupted by another nested one, so it is one
+/// instruction (x86-64) or an atomic read-modify-write (elsewhere).
 ///
 /// Invariant: stored only by the owning thread; any thread may load them.
-pub(super) struct Counters(Box<[AtomicU64]>);
+pub(super) struct Counters {
+    /// `[outer bank | nested bank]`, `NCOUNTERS` per slot in each.
+    words: Box<[AtomicU64]>,
+    slots: usize,
+}
 
 impl Counters {
     pub(super) fn new(slots: usize) -> Self {
-        Self((0..slots * NCOUNTERS).map(|_| AtomicU64::new(0)).collect())
+        Self {
+            words: (0..2 * slots * NCOUNTERS)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            slots,
+        }
     }
 
-    /// The counters' memory, for a dispatch to keep in a register
-    /// ([`CounterView::bump`]).
+    /// The outer bank, for the thread's outermost dispatch to keep in a
+    /// register ([`CounterView::bump`]).
     #[inline(always)]
-    pub(super) fn view(&self) -> CounterView {
-        CounterView(self.0.as_ptr())
+    pub(super) fn outer(&self) -> CounterView {
+        CounterView {
+            base: self.words.as_ptr(),
+            nested: false,
+        }
     }
 
-    /// Adds one to a counter of `slot`: owner only.
-    ///
-    /// A signal handler that interrupts the increment and increments the
-    /// same counter must not have its count overwritten, so on x86-64 the
-    /// increment is one instruction (`add` to memory, no `lock`: a signal
-    /// arrives between instructions, and only this thread stores the
-    /// counter, so no other core's store can interleave). Elsewhere it is
-    /// an atomic `fetch_add`.
-    ///
-    /// # Safety
-    ///
-    /// `slot` is below the slot count these counters were made for (no
-    /// bounds check: this runs on every hit).
+    /// The nested bank, for a dispatch that runs inside another.
     #[inline(always)]
-    pub(super) unsafe fn bump(&self, slot: u32, which: Counter) {
-        debug_assert!(slot as usize * NCOUNTERS + (which as usize) < self.0.len());
-        // SAFETY: forwarded contract.
-        unsafe { self.view().bump(slot, which) }
+    pub(super) fn nested(&self) -> CounterView {
+        CounterView {
+            // In bounds: the words hold two banks of `slots * NCOUNTERS`.
+            base: self.words[self.slots * NCOUNTERS..].as_ptr(),
+            nested: true,
+        }
     }
 
     /// Adds this thread's counters of `slot` to `sums`.
     ///
     /// The loads are not one snapshot: the owner keeps counting between
-    /// them. They run from the last counter to the first, so a count
-    /// bumped later in a call's life ([`Counter::Exits`]) is loaded before
-    /// one bumped earlier ([`Counter::Hits`]): a reader never sees more
-    /// exits than hits.
+    /// them. They run from the last counter to the first (each counter's
+    /// nested bank before its outer one), so a count bumped later in a
+    /// call's life ([`Counter::Exits`]) is loaded before one bumped earlier
+    /// ([`Counter::Hits`]): a reader never sees more exits than hits.
     pub(super) fn add_to(&self, slot: u32, sums: &mut Sums) {
-        let base = slot as usize * NCOUNTERS;
+        let outer = slot as usize * NCOUNTERS;
+        let nested = outer + self.slots * NCOUNTERS;
         for (i, s) in sums.iter_mut().enumerate().rev() {
-            // Acquire: pairs with the Release of `bump`; the counts loaded
-            // after this one (lower indices) are at least those bumped
-            // before the count seen here.
-            *s += self.0[base + i].load(Ordering::Acquire);
+            // Acquire, both: pair with the Release of the bumps; the counts
+            // loaded after these (lower indices) are at least those bumped
+            // before the counts seen here.
+            *s += self.words[nested + i].load(Ordering::Acquire);
+            *s += self.words[outer + i].load(Ordering::Acquire);
         }
     }
 }
 
-/// One thread's counters ([`Counters::view`]), by address.
+/// One bank of one thread's counters ([`Counters::outer`],
+/// [`Counters::nested`]), by address.
 #[derive(Clone, Copy)]
-pub(super) struct CounterView(*const AtomicU64);
+pub(super) struct CounterView {
+    base: *const AtomicU64,
+    nested: bool,
+}
 
 impl CounterView {
-    /// [`Counters::bump`] through the view.
+    /// Adds one to counter `which` of `slot` in this bank: owner only.
     ///
     /// # Safety
     ///
-    /// As [`Counters::bump`], and the counters outlive the call.
+    /// `slot` is below the slot count the counters were made for (no
+    /// bounds check: this runs on every hit), the counters outlive the
+    /// call, and an outer view is used only by the thread's outermost
+    /// dispatch, while it holds the `DISPATCH` bit (see [`Counters`]).
     #[inline(always)]
     pub(super) unsafe fn bump(self, slot: u32, which: Counter) {
         let i = slot as usize * NCOUNTERS + which as usize;
-        // SAFETY: `i` is in bounds and the counters live, by the caller's
-        // contract.
-        let c = unsafe { &*self.0.add(i) };
+        // SAFETY: `i` is in the bank and the counters live, by the
+        // caller's contract.
+        let c = unsafe { &*self.base.add(i) };
+        if !self.nested {
+            // Relaxed load: only this thread stores the counter, and no
+            // other outer bump runs meanwhile (`Counters`). Release: pairs
+            // with the Acquire loads of `add_to`, so a reader that sees
+            // this count sees the counts the thread bumped before it.
+            c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
+            return;
+        }
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         // SAFETY: `c` is a valid, aligned `u64` owned by this allocation;
         // the instruction reads and writes those 8 bytes only. Other
         // threads only load it (aligned 8-byte accesses are single-copy
         // atomic on x86-64), and only this thread stores it (invariant of
-        // `Counters`).
+        // `Counters`); one instruction, so a signal handler's bump cannot
+        // fall between its load and its store.
         unsafe {
             std::arch::asm!(
                 "add qword ptr [{0}], 1",
@@ -201,10 +232,8 @@ impl CounterView {
                 options(nostack)
             );
         }
-        // Release: pairs with the Acquire loads of `add_to`, so a reader
-        // that sees this count sees the counts the thread bumped before it
-        // (on x86-64 the `add` above gives the same: stores are not
-        // reordered with earlier stores).
+        // Release: as above (on x86-64 the `add` gives the same: stores
+        // are not reordered with earlier stores).
         #[cfg(not(all(target_arch = "x86_64", not(miri))))]
         c.fetch_add(1, Ordering::Release);
     }

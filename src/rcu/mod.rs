@@ -102,19 +102,23 @@ static DOMAIN: Domain = Domain::new(FenceMode::Asymmetric);
 static INIT: std::sync::Once = std::sync::Once::new();
 
 std::thread_local! {
-    /// This thread's record, or null before registration and after the
-    /// thread's exit handler ran. A const-initialised `Cell` without `Drop`,
-    /// so reading it is a single thread-pointer-relative load.
-    static RECORD: Cell<*const ReaderRecord> = const { Cell::new(std::ptr::null()) };
-    /// Gives the record back at thread exit.
+    /// Gives the record back at thread exit. The record itself is in the
+    /// thread's context (`crate::context`): null before registration and
+    /// after this exit handler ran.
     static OWNER: Owner = const { Owner };
+}
+
+/// The thread's record slot in its context.
+#[inline(always)]
+fn record() -> &'static Cell<*const ReaderRecord> {
+    &crate::context::context().rcu
 }
 
 struct Owner;
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        let rec = RECORD.with(|r| r.replace(std::ptr::null()));
+        let rec = record().replace(std::ptr::null());
         if rec.is_null() {
             return;
         }
@@ -199,7 +203,7 @@ pub(crate) fn heavy_barrier(asymmetric: bool) {
 #[cfg(not(any(loom, miri)))]
 fn install_fork_handler() {
     extern "C" fn child() {
-        let me = RECORD.with(|r| r.get());
+        let me = record().get();
         DOMAIN.after_fork_child(me);
         reclaim::after_fork_child();
     }
@@ -282,11 +286,11 @@ impl std::fmt::Debug for ReadGuard {
 /// ```
 #[inline]
 pub fn read_lock() -> ReadGuard {
-    let rec = RECORD.with(|r| r.get());
+    let rec = record().get();
     if rec.is_null() {
         return read_lock_slow();
     }
-    // SAFETY: a non-null RECORD points to a record of the process-wide
+    // SAFETY: a non-null record slot points to a record of the process-wide
     // domain, which is never freed, claimed by this thread.
     ReadGuard::enter(unsafe { &*rec }, false)
 }
@@ -301,7 +305,7 @@ fn read_lock_slow() -> ReadGuard {
 /// Claims a record for the calling thread.
 fn register_current() -> (&'static ReaderRecord, bool) {
     init();
-    let existing = RECORD.with(|r| r.get());
+    let existing = record().get();
     if !existing.is_null() {
         // SAFETY: as in `read_lock`.
         return (unsafe { &*existing }, false);
@@ -312,9 +316,40 @@ fn register_current() -> (&'static ReaderRecord, bool) {
     let armed = OWNER.try_with(|_| ()).is_ok();
     let rec = domain().register();
     if armed {
-        RECORD.with(|r| r.set(rec));
+        record().set(rec);
     }
     (rec, !armed)
+}
+
+/// The calling thread's record, for the probe layer's dispatch sections
+/// ([`ReaderRecord::begin_dispatch`]): registers the thread on its first
+/// call; `None` while its thread-local destructors run (a record claimed
+/// then could not be given back).
+#[inline(always)]
+pub(crate) fn thread_record() -> Option<&'static ReaderRecord> {
+    let rec = record().get();
+    if rec.is_null() {
+        return thread_record_slow();
+    }
+    // SAFETY: as in `read_lock`.
+    Some(unsafe { &*rec })
+}
+
+#[cold]
+#[inline(never)]
+fn thread_record_slow() -> Option<&'static ReaderRecord> {
+    let (rec, transient) = register_current();
+    if transient {
+        domain().unregister(rec);
+        return None;
+    }
+    Some(rec)
+}
+
+/// [`ReaderRecord::begin_dispatch`] on the process-wide domain.
+#[inline(always)]
+pub(crate) fn begin_dispatch(rec: &ReaderRecord) -> bool {
+    rec.begin_dispatch(&domain().gp)
 }
 
 /// Registers the calling thread now, so that later [`read_lock`] calls on it
@@ -346,7 +381,7 @@ pub fn register_thread() {
 /// ```
 #[inline]
 pub fn in_read_section() -> bool {
-    let rec = RECORD.with(|r| r.get());
+    let rec = record().get();
     // SAFETY: as in `read_lock`.
     !rec.is_null() && unsafe { &*rec }.nesting() > 0
 }

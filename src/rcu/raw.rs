@@ -82,6 +82,15 @@ pub(crate) const NEST_MASK: u64 = (1 << (NEST_BITS - 1)) - 1;
 /// Set in `gp` (and so in every active `ctr`) when readers must fence:
 /// carrying the mode in the word the reader loads anyway saves a load.
 pub(crate) const SYMMETRIC_BIT: u64 = 1 << (NEST_BITS - 1);
+/// The nesting a running dispatch of the probe layer takes: the top bit of
+/// the nesting count, set while the thread's outermost dispatch runs
+/// ([`ReaderRecord::begin_dispatch`]). A dispatch is a read-side section
+/// like any other to `synchronize`; to the probe layer the bit also says
+/// that a handler of the thread's first context level may be running (the
+/// recursion guard's level 0) and that its per-thread context is held.
+pub(crate) const DISPATCH: u64 = 1 << (NEST_BITS - 2);
+/// Mask of the nesting count of plain read guards (below [`DISPATCH`]).
+const GUARD_MASK: u64 = DISPATCH - 1;
 /// One epoch step of `gp`.
 pub(crate) const EPOCH_ONE: u64 = 1 << NEST_BITS;
 
@@ -125,45 +134,95 @@ impl ReaderRecord {
     pub(crate) fn enter(&self, gp: &AtomicU64) {
         let v = self.ctr.load(Ordering::Relaxed);
         if v & NEST_MASK == 0 {
-            // Acquire: pairs with the Release store of a new epoch in
-            // `synchronize`; a reader that sees that epoch sees everything
-            // the updater stored before calling `synchronize`.
-            let g = gp.load(Ordering::Acquire);
-            if cfg!(fprobe_tsan) {
-                // ThreadSanitizer build: the store and the fence below as
-                // one SeqCst RMW, which TSan tracks (module docs); pairs with
-                // the `fetch_add(0)` in `Domain::heavy_barrier`.
-                self.ctr.swap(g, Ordering::SeqCst);
-                return;
-            }
-            // Release (a plain store on x86): a grace period that skips this
-            // record because it reads the new epoch here must still be
-            // ordered after this thread's *previous* sections; C++20 release
-            // sequences no longer extend over later plain stores of the same
-            // thread, so the exit store's Release alone would not carry that
-            // edge (miri reported the race).
-            self.ctr.store(g, Ordering::Release);
-            if cfg!(fprobe_canary) {
-                // Deliberately broken build (`--cfg fprobe_canary`): no
-                // fence at all, so the checkers must report a reader that
-                // sees a reclaimed object.
-            } else if g & SYMMETRIC_BIT != 0 {
-                // Pairs with the SeqCst fence in `Domain::heavy_barrier`
-                // (store-buffering: our ctr store vs the updater's stores).
-                fence(Ordering::SeqCst);
-            } else {
-                // Pairs with membarrier() in `Domain::heavy_barrier`, which
-                // runs a full fence on this CPU; the compiler must not move
-                // the section's loads above the ctr store.
-                crate::sync::compiler_fence(Ordering::SeqCst);
-            }
+            // The epoch's `gp` has nesting 1.
+            self.enter_outermost(gp, 0);
         } else {
-            if v & NEST_MASK == NEST_MASK {
+            if v & GUARD_MASK == GUARD_MASK {
                 nesting_overflow();
             }
-            // Release: as for the outermost store above.
+            // Release: as for the outermost store in `enter_outermost`.
             self.ctr.store(v + 1, Ordering::Release);
         }
+    }
+
+    /// Enters the outermost section: `ctr = gp + extra` (nesting 1 +
+    /// `extra`), then the fence that orders it before the section's loads.
+    #[inline(always)]
+    fn enter_outermost(&self, gp: &AtomicU64, extra: u64) {
+        // Acquire: pairs with the Release store of a new epoch in
+        // `synchronize`; a reader that sees that epoch sees everything
+        // the updater stored before calling `synchronize`.
+        let g = gp.load(Ordering::Acquire);
+        if cfg!(fprobe_tsan) {
+            // ThreadSanitizer build: the store and the fence below as
+            // one SeqCst RMW, which TSan tracks (module docs); pairs with
+            // the `fetch_add(0)` in `Domain::heavy_barrier`.
+            self.ctr.swap(g + extra, Ordering::SeqCst);
+            return;
+        }
+        // Release (a plain store on x86): a grace period that skips this
+        // record because it reads the new epoch here must still be
+        // ordered after this thread's *previous* sections; C++20 release
+        // sequences no longer extend over later plain stores of the same
+        // thread, so the exit store's Release alone would not carry that
+        // edge (miri reported the race).
+        self.ctr.store(g + extra, Ordering::Release);
+        if cfg!(fprobe_canary) {
+            // Deliberately broken build (`--cfg fprobe_canary`): no
+            // fence at all, so the checkers must report a reader that
+            // sees a reclaimed object.
+        } else if g & SYMMETRIC_BIT != 0 {
+            // Pairs with the SeqCst fence in `Domain::heavy_barrier`
+            // (store-buffering: our ctr store vs the updater's stores).
+            fence(Ordering::SeqCst);
+        } else {
+            // Pairs with membarrier() in `Domain::heavy_barrier`, which
+            // runs a full fence on this CPU; the compiler must not move
+            // the section's loads above the ctr store.
+            crate::sync::compiler_fence(Ordering::SeqCst);
+        }
+    }
+
+    /// Starts a dispatch of the probe layer: a read-side section that also
+    /// sets [`DISPATCH`]. Returns `false`, changing nothing, when a
+    /// dispatch already runs on the thread (the caller nests a plain
+    /// section instead). Owner thread only; one load and one store of the
+    /// thread's own word (plus the `gp` load and the fence outside any
+    /// section), so a signal handler that runs between them leaves the
+    /// word as it found it, as for [`enter`](Self::enter).
+    #[inline(always)]
+    pub(crate) fn begin_dispatch(&self, gp: &AtomicU64) -> bool {
+        let v = self.ctr.load(Ordering::Relaxed);
+        if v & DISPATCH != 0 {
+            return false;
+        }
+        if v & NEST_MASK == 0 {
+            // Nesting `DISPATCH`: `gp`'s 1 and `DISPATCH - 1`.
+            self.enter_outermost(gp, DISPATCH - 1);
+        } else {
+            // Inside a section already (an engine's own guard): its epoch
+            // and fence serve. Release: as in `enter_outermost`.
+            self.ctr.store(v + DISPATCH, Ordering::Release);
+        }
+        true
+    }
+
+    /// Ends a dispatch that [`begin_dispatch`](Self::begin_dispatch)
+    /// started. Owner thread only.
+    #[inline(always)]
+    pub(crate) fn end_dispatch(&self) {
+        let v = self.ctr.load(Ordering::Relaxed);
+        debug_assert!(v & DISPATCH != 0, "rcu: end_dispatch without begin");
+        // Keep the compiler from sinking the dispatch's loads below the store.
+        crate::sync::compiler_fence(Ordering::SeqCst);
+        // Release: as in `exit`.
+        self.ctr.store(v - DISPATCH, Ordering::Release);
+    }
+
+    /// Whether a dispatch runs on the thread. Owner thread only.
+    #[inline(always)]
+    pub(crate) fn dispatching(&self) -> bool {
+        self.ctr.load(Ordering::Relaxed) & DISPATCH != 0
     }
 
     /// Leaves a read-side critical section. Owner thread only.
@@ -206,8 +265,8 @@ impl ReaderRecord {
 #[inline(never)]
 fn nesting_overflow() -> ! {
     // Aborting rather than panicking: this can be reached from a signal
-    // handler, and 32,767 nested sections is always a leak of guards.
-    eprintln!("fprobe::rcu: read-side nesting overflow (more than 32767 nested guards)");
+    // handler, and 16,383 nested sections is always a leak of guards.
+    eprintln!("fprobe::rcu: read-side nesting overflow (more than 16383 nested guards)");
     std::process::abort()
 }
 
@@ -515,6 +574,52 @@ mod loom_tests {
                 w.current.store(1, Ordering::Release);
                 w.domain.synchronize();
                 w.freed[0].store(true, Ordering::Relaxed);
+            });
+            reader.join().unwrap();
+            writer.join().unwrap();
+        });
+    }
+
+    /// A dispatch section (the probe layer's: `begin_dispatch`, with and
+    /// inside a plain section) protects what it loads as a plain one
+    /// does, across two dispatches in a row (as an entry, then its exit):
+    /// the "free" of the old object, a loom cell, comes after every read
+    /// of it. The canary build (no reader fence) must fail here too.
+    #[test]
+    fn dispatch_sections_are_waited_for() {
+        loom::model(|| {
+            let domain = Arc::new(Domain::new(FenceMode::Symmetric));
+            let current = Arc::new(AtomicUsize::new(0));
+            let objects = Arc::new([
+                crate::sync::UnsafeCell::new(1u64),
+                crate::sync::UnsafeCell::new(2u64),
+            ]);
+            let (d, c, o) = (domain.clone(), current.clone(), objects.clone());
+            let reader = loom::thread::spawn(move || {
+                let rec = d.register();
+                for inside_guard in [false, true] {
+                    if inside_guard {
+                        rec.enter(&d.gp);
+                    }
+                    assert!(rec.begin_dispatch(&d.gp), "outermost dispatch");
+                    assert!(!rec.begin_dispatch(&d.gp), "a nested one is refused");
+                    let i = c.load(Ordering::Acquire);
+                    // SAFETY: (model) a shared read of the object this
+                    // section loaded; loom checks it against the "free".
+                    let v = o[i].with(|p| unsafe { *p });
+                    assert_ne!(v, 0, "reader saw a reclaimed object");
+                    rec.end_dispatch();
+                    if inside_guard {
+                        rec.exit();
+                    }
+                }
+            });
+            let writer = loom::thread::spawn(move || {
+                current.store(1, Ordering::Release);
+                domain.synchronize();
+                // SAFETY: (model) the grace period has ended every reader of
+                // object 0, which is what loom checks.
+                objects[0].with_mut(|p| unsafe { *p = 0 });
             });
             reader.join().unwrap();
             writer.join().unwrap();
