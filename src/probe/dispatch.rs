@@ -21,10 +21,11 @@
 //! * **Only an outermost dispatch** empties a stack of an older pairing
 //!   epoch, writes the context's registry cache, or bumps the outer bank of
 //!   counters (plain load-add-store: `stats.rs`).
-//! * **An exit that ends a bare call** (one that kept nothing) touches no
-//!   probe and no index record, so it enters no section: it reads the
-//!   registry cache as key, state, key again (the writer clears the key
-//!   before it rewrites the pair) and takes one off the bare word.
+//! * **An exit's section keeps the epoch** of the thread's last section
+//!   (its entry's) instead of loading the current one
+//!   (`ReaderRecord::begin_dispatch_keeping_epoch`): a grace period that
+//!   began since waits for the exit instead of skipping it, and the next
+//!   entry loads the new epoch, so it waits for one exit at most.
 //!
 //! An entry is one index lookup, one load of each attached probe's slot
 //! state, the handlers, and one frame pushed on the thread's shadow stack
@@ -47,7 +48,7 @@ use super::shadow::{HEADER, RETURN_WORDS, ShadowStack, TAKES_RETURN};
 use super::stats::{Counter, CounterView};
 use crate::context::{Context, context};
 use crate::rcu;
-use crate::sync::{Ordering, compiler_fence};
+use crate::sync::Ordering;
 
 /// Counts `which` for the probe of attachment `a` (`counters`: the bank of
 /// the thread's counters this dispatch bumps).
@@ -481,39 +482,19 @@ impl<C: Send + Sync + 'static> Registry<C> {
     #[inline]
     pub fn on_exit(&self, ret_addr: u64, ctx: &C) {
         let c = context();
-        let key = self.locals.key();
-        if c.registry_key.get() == key {
-            // Key, state, key again (module docs): a signal handler's
-            // dispatch that rewrote the pair in between left another key.
-            compiler_fence(Ordering::SeqCst);
-            let local = c.registry_state.get();
-            compiler_fence(Ordering::SeqCst);
-            if c.registry_key.get() == key {
-                // SAFETY: as in `cached_local`: the key matched on both
-                // sides of the state's load.
-                let local = unsafe { &*local.cast::<ShadowStack>() };
-                // A bare call touches no probe: no section.
-                if local.pop_bare() {
-                    return;
-                }
-                let rec = c.rcu.get();
-                // SAFETY: as in `entry`.
-                if !rec.is_null() && rcu::begin_dispatch(unsafe { &*rec }) {
-                    // SAFETY: as above.
-                    let rec = unsafe { &*rec };
-                    if let Some(t) = local.pop_frame() {
-                        let at = self.exit_frame::<false>(
-                            local,
-                            local.counters.outer(),
-                            t,
-                            ret_addr,
-                            ctx,
-                        );
-                        local.release(at);
-                    }
+        let rec = c.rcu.get();
+        if !rec.is_null() {
+            // SAFETY: as in `entry`.
+            let rec = unsafe { &*rec };
+            // The epoch of the entry's section serves (`rcu/raw.rs`).
+            if rcu::begin_exit_dispatch(rec) {
+                if let Some(local) = self.cached_local(c) {
+                    let counters = local.counters.outer();
+                    self.exit_pop(local, counters, Ending::Run, ret_addr, ctx);
                     rec.end_dispatch();
                     return;
                 }
+                rec.end_dispatch();
             }
         }
         self.exit_slow(ret_addr, ctx);
@@ -527,7 +508,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             return;
         };
         let c = context();
-        if rcu::begin_dispatch(rec) {
+        if rcu::begin_exit_dispatch(rec) {
             if let Some(local) = self.local_outermost(c) {
                 let ending = match recursion::ignored(c) {
                     true => Ending::Unrun { recursion: false },
@@ -543,6 +524,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let Some(local) = self.local_nested() else {
             return;
         };
+        // A bare call needs no context level.
         if local.pop_bare() {
             return;
         }
@@ -615,7 +597,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
         if !rec.is_null() {
             // SAFETY: as in `entry`.
             let rec = unsafe { &*rec };
-            if rcu::begin_dispatch(rec) {
+            // As in `on_exit`.
+            if rcu::begin_exit_dispatch(rec) {
                 if let Some(local) = self.cached_local(c) {
                     let counters = local.counters.outer();
                     let ret = self.return_frames(local, counters, Ending::Run, sp, ctx);
@@ -634,7 +617,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     fn return_slow(&self, sp: u64, ctx: &C) -> Option<u64> {
         let rec = rcu::thread_record()?;
         let c = context();
-        if rcu::begin_dispatch(rec) {
+        if rcu::begin_exit_dispatch(rec) {
             let ret = self.local_outermost(c).and_then(|local| {
                 let ending = match recursion::ignored(c) {
                     true => Ending::Unrun { recursion: false },
@@ -915,13 +898,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
             self.forget_frames(local, Some(key));
         }
         if !recursion::ignored(c) {
-            // The key first: an exit that reads the pair without the bit
-            // (`on_exit`) misses while it is rewritten.
-            c.registry_key.set(0);
-            compiler_fence(Ordering::SeqCst);
+            // Read only under the bit, which this dispatch holds.
             c.registry_state
                 .set((local as *const ShadowStack).cast::<()>());
-            compiler_fence(Ordering::SeqCst);
             c.registry_key.set(key);
         }
         Some(local)

@@ -352,6 +352,12 @@ pub(crate) fn begin_dispatch(rec: &ReaderRecord) -> bool {
     rec.begin_dispatch(&domain().gp)
 }
 
+/// [`ReaderRecord::begin_dispatch_keeping_epoch`], for exits.
+#[inline(always)]
+pub(crate) fn begin_exit_dispatch(rec: &ReaderRecord) -> bool {
+    rec.begin_dispatch_keeping_epoch()
+}
+
 /// Registers the calling thread now, so that later [`read_lock`] calls on it
 /// never allocate: call it before installing a signal handler that reads
 /// under RCU. Idempotent.

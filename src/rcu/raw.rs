@@ -120,9 +120,12 @@ pub(crate) struct ReaderRecord {
 }
 
 impl ReaderRecord {
-    fn new() -> Self {
+    /// A record of a domain whose `gp` has `mode_bit` (0 or
+    /// [`SYMMETRIC_BIT`]): a quiescent word carries the domain's mode from
+    /// the start, for [`begin_dispatch_keeping_epoch`](Self::begin_dispatch_keeping_epoch).
+    fn new(mode_bit: u64) -> Self {
         Self {
-            ctr: AtomicU64::new(0),
+            ctr: AtomicU64::new(mode_bit),
             in_use: AtomicBool::new(true),
             next: AtomicPtr::new(std::ptr::null_mut()),
         }
@@ -167,20 +170,7 @@ impl ReaderRecord {
         // thread, so the exit store's Release alone would not carry that
         // edge (miri reported the race).
         self.ctr.store(g + extra, Ordering::Release);
-        if cfg!(fprobe_canary) {
-            // Deliberately broken build (`--cfg fprobe_canary`): no
-            // fence at all, so the checkers must report a reader that
-            // sees a reclaimed object.
-        } else if g & SYMMETRIC_BIT != 0 {
-            // Pairs with the SeqCst fence in `Domain::heavy_barrier`
-            // (store-buffering: our ctr store vs the updater's stores).
-            fence(Ordering::SeqCst);
-        } else {
-            // Pairs with membarrier() in `Domain::heavy_barrier`, which
-            // runs a full fence on this CPU; the compiler must not move
-            // the section's loads above the ctr store.
-            crate::sync::compiler_fence(Ordering::SeqCst);
-        }
+        order_section(g);
     }
 
     /// Starts a dispatch of the probe layer: a read-side section that also
@@ -193,17 +183,51 @@ impl ReaderRecord {
     #[inline(always)]
     pub(crate) fn begin_dispatch(&self, gp: &AtomicU64) -> bool {
         let v = self.ctr.load(Ordering::Relaxed);
-        if v & DISPATCH != 0 {
-            return false;
-        }
         if v & NEST_MASK == 0 {
             // Nesting `DISPATCH`: `gp`'s 1 and `DISPATCH - 1`.
             self.enter_outermost(gp, DISPATCH - 1);
-        } else {
-            // Inside a section already (an engine's own guard): its epoch
-            // and fence serve. Release: as in `enter_outermost`.
-            self.ctr.store(v + DISPATCH, Ordering::Release);
+            return true;
         }
+        self.begin_dispatch_in_section(v)
+    }
+
+    /// [`begin_dispatch`](Self::begin_dispatch) that keeps the epoch the
+    /// word holds, from the thread's last section, instead of loading the
+    /// current one: for exits, whose entry's section loaded it shortly
+    /// before. Safe with any epoch: a grace period skips a section only
+    /// when its epoch is the one the grace period published, and a word
+    /// holds that epoch only if this thread loaded it (Acquire) after it
+    /// was published, so after every store the updater made before; with
+    /// an older epoch the grace period waits for the section to end. The
+    /// fence is the one outermost sections take (the mode bit is in every
+    /// word, quiescent ones included: `new`, `reset_dead`).
+    #[inline(always)]
+    pub(crate) fn begin_dispatch_keeping_epoch(&self) -> bool {
+        let v = self.ctr.load(Ordering::Relaxed);
+        if v & NEST_MASK == 0 {
+            if cfg!(fprobe_tsan) {
+                // As in `enter_outermost`.
+                self.ctr.swap(v + DISPATCH, Ordering::SeqCst);
+                return true;
+            }
+            // Release: as in `enter_outermost`.
+            self.ctr.store(v + DISPATCH, Ordering::Release);
+            order_section(v);
+            return true;
+        }
+        self.begin_dispatch_in_section(v)
+    }
+
+    /// A dispatch that finds the word `v` inside a section: `false` if it
+    /// is a dispatch's, else the dispatch nests in it (its epoch and fence
+    /// serve).
+    #[inline(always)]
+    fn begin_dispatch_in_section(&self, v: u64) -> bool {
+        if v & DISPATCH != 0 {
+            return false;
+        }
+        // Release: as in `enter_outermost`.
+        self.ctr.store(v + DISPATCH, Ordering::Release);
         true
     }
 
@@ -256,9 +280,38 @@ impl ReaderRecord {
         // Release, both: pair with the Acquire loads of `ctr` in
         // `wait_for_readers` and of `in_use` in `register`, as the owner's
         // own exit and unregister would.
-        self.ctr.store(0, Ordering::Release);
+        let mode_bit = self.ctr.load(Ordering::Relaxed) & SYMMETRIC_BIT;
+        self.ctr.store(mode_bit, Ordering::Release);
         self.in_use.store(false, Ordering::Release);
     }
+}
+
+/// The fence after an outermost section's `ctr` store, whose value `w`
+/// carries the domain's mode: none at all in the canary build; a `SeqCst`
+/// fence in symmetric mode (pairs with the SeqCst fence in
+/// `Domain::heavy_barrier`: store buffering, our `ctr` store against the
+/// updater's stores); else a compiler fence (pairs with `membarrier(2)` in
+/// `Domain::heavy_barrier`, which runs a full fence on this CPU; the
+/// compiler must not move the section's loads above the `ctr` store).
+#[inline(always)]
+fn order_section(w: u64) {
+    if cfg!(fprobe_canary) {
+        // Deliberately broken build (`--cfg fprobe_canary`): no fence at
+        // all, so the checkers must report a reader that sees a reclaimed
+        // object.
+        return;
+    }
+    if w & SYMMETRIC_BIT != 0 {
+        symmetric_fence();
+    }
+    crate::sync::compiler_fence(Ordering::SeqCst);
+}
+
+/// Out of line: the asymmetric mode's path stays straight.
+#[cold]
+#[inline(never)]
+fn symmetric_fence() {
+    fence(Ordering::SeqCst);
 }
 
 #[cold]
@@ -348,7 +401,8 @@ impl Domain {
             }
             cur = rec.next.load(Ordering::Relaxed);
         }
-        let rec = Box::into_raw(Box::new(ReaderRecord::new()));
+        let mode_bit = self.gp.load(Ordering::Relaxed) & SYMMETRIC_BIT;
+        let rec = Box::into_raw(Box::new(ReaderRecord::new(mode_bit)));
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
             // SAFETY: `rec` is ours until the CAS below publishes it.
