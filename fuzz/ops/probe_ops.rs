@@ -373,7 +373,8 @@ impl Model {
                 .map(|&(p, _)| frame_words(&self.probes[p].spec))
                 .sum::<usize>();
         // The frame and a new bare word above the current one.
-        let reserved = need > header && t.top + need + 2 <= self.cap;
+        // (Word 0 and the bottom bare word come first.)
+        let reserved = need > header && t.top + need + 3 <= self.cap;
         let mut insts = Vec::new();
         let mut used = 0;
         for (p, cookie) in at {
@@ -569,7 +570,7 @@ pub fn run(data_size: usize, max_depth: usize, steps: &[Step]) {
     let mut m = Model {
         probes: Vec::new(),
         attached: Vec::new(),
-        cap: (max_depth * (data_size.div_ceil(8) + 8)).max(1),
+        cap: (max_depth * (data_size.div_ceil(8) + 8)).max(2),
         events: Vec::new(),
     };
     let mut me = ThreadModel::default();

@@ -44,7 +44,7 @@ use super::def::{EntryAction, EntryContext, ExitContext};
 use super::ffi::{C_SKIP_EXIT, CEntryContext, CEntryFn, CExitContext, CExitFn, CHandler};
 use super::recursion::{self, Entered};
 use super::registry::{Attach, Registry, state};
-use super::shadow::{HEADER, RETURN_WORDS, ShadowStack, TAKES_RETURN};
+use super::shadow::{BOTTOM, HEADER, RETURN_WORDS, ShadowStack, TAKES_RETURN};
 use super::stats::{Counter, CounterView};
 use crate::context::{Context, context};
 use crate::rcu;
@@ -554,13 +554,12 @@ impl<C: Send + Sync + 'static> Registry<C> {
         if local.pop_bare() {
             return;
         }
-        let Some(t) = local.pop_frame() else {
+        let Some((t, n)) = local.pop_frame() else {
             return;
         };
         let at = match ending {
-            Ending::Run => self.exit_frame::<false>(local, counters, t, ret_addr, ctx),
+            Ending::Run => self.exit_frame::<false>(local, counters, t, n, ret_addr, ctx),
             Ending::Unrun { recursion } => {
-                let n = local.read(t - 1);
                 self.end_unrun(local, counters, t - HEADER, n, recursion)
             }
         };
@@ -660,10 +659,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // Bare calls above the frame are deeper than it: popping the
             // frame drops them (`release` goes below it).
             let t = local.top();
-            if t == 0 {
-                return None;
-            }
             let word = local.read(t - 1);
+            if word == 0 {
+                return None; // the bottom: word 0
+            }
             if word & TAKES_RETURN == 0 {
                 // A plain entry's frame above ours, its exit never
                 // dispatched: it ends unrun.
@@ -676,11 +675,12 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 return None; // a frame of a caller's call: ours is gone
             }
             let ret = local.read(t - HEADER - 2);
+            let n = word & !TAKES_RETURN;
             let at = match ending {
-                Ending::Run => self.exit_frame::<true>(local, counters, t, ret, ctx),
+                Ending::Run => self.exit_frame::<true>(local, counters, t, n, ret, ctx),
                 Ending::Unrun { recursion } => {
                     let entries = t - HEADER - RETURN_WORDS;
-                    self.end_unrun(local, counters, entries, word & !TAKES_RETURN, recursion)
+                    self.end_unrun(local, counters, entries, n, recursion)
                 }
             };
             local.release(at);
@@ -690,24 +690,21 @@ impl<C: Send + Sync + 'static> Registry<C> {
         }
     }
 
-    /// Runs the exit handlers of the frame under the bare word `t` (`RET`:
-    /// one that took a return); returns the frame's first word.
+    /// Runs the exit handlers of the frame under the bare word `t`, with
+    /// `n ≥ 1` return entries (`RET`: one that took a return); returns the
+    /// frame's first word.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn exit_frame<const RET: bool>(
         &self,
         local: &ShadowStack,
         counters: CounterView,
         t: usize,
+        n: u64,
         ret_addr: u64,
         ctx: &C,
     ) -> usize {
         let w = local.words();
-        // A plain frame's top word has no flag to clear (`pop_frame` saw
-        // to it).
-        let n = match RET {
-            true => w.read(t - 1) & !TAKES_RETURN,
-            false => w.read(t - 1),
-        };
         let entries = if RET {
             t - HEADER - RETURN_WORDS
         } else {
@@ -718,11 +715,15 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // One probe, the usual case: no loop.
             1 => self.exit_entry(local, counters, entries, addr, ret_addr, ctx),
             _ => {
-                let mut p = entries;
-                for _ in 0..n {
+                let (mut p, mut left) = (entries, n);
+                // `n ≥ 1`: no test before the first.
+                loop {
                     p = self.exit_entry(local, counters, p, addr, ret_addr, ctx);
+                    left -= 1;
+                    if left == 0 {
+                        return p;
+                    }
                 }
-                p
             }
         }
     }
@@ -862,7 +863,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     #[inline(never)]
     pub(super) fn forget_frames(&self, local: &ShadowStack, epoch: Option<u64>) {
         // A pairing reset keeps the calls whose return was taken.
-        let keep = epoch.map_or(0, |_| local.kept_by_reset());
+        let keep = epoch.map_or(BOTTOM, |_| local.kept_by_reset());
         let counters = local.counters.outer();
         local.each_return_entry(keep, |slot_idx, generation| {
             let Some(slot) = self.slots.get(slot_idx as usize) else {

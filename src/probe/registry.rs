@@ -685,7 +685,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // forgotten first (their `Unrun`s before the sum is read).
         let own = self.in_dispatch(|local| {
             let mut own = 0;
-            local.each_return_entry(0, |slot, generation| {
+            local.each_return_entry(super::shadow::BOTTOM, |slot, generation| {
                 own += u64::from(slot == h.slot && generation == h.generation);
             });
             own

@@ -67,12 +67,18 @@ pub(super) const HEADER: usize = 2;
 /// Words a frame that took a return adds below its header (`[ret_addr, sp]`).
 pub(super) const RETURN_WORDS: usize = 2;
 /// Set in the top word of a frame that took a return (the sign bit, which
-/// [`ShadowStack::pop`] relies on).
+/// [`ShadowStack::pop_frame`] relies on).
 pub(super) const TAKES_RETURN: u64 = 1 << 63;
+/// The bare word of an empty stack. Word 0 below it is always 0, a top
+/// word no frame has (every frame keeps at least one return entry), so
+/// one sign test tells a plain frame from the bottom and from a frame
+/// that took a return.
+pub(super) const BOTTOM: usize = 1;
 
 /// One thread's state for one registry.
 pub(super) struct ShadowStack {
-    /// Index of the bare word (module docs); below `cap`. Owner-only.
+    /// Index of the bare word (module docs); at least [`BOTTOM`], below
+    /// `cap`. Owner-only.
     top: Cell<usize>,
     /// The registry's pairing epoch this stack belongs to (a key of the
     /// registry's `locals`). Owner-only.
@@ -80,6 +86,8 @@ pub(super) struct ShadowStack {
     /// `cap` words from `Box<[u64]>::into_raw`. Owner-only.
     stack: NonNull<u64>,
     cap: usize,
+    /// `cap - 1`, the highest index a bare word may have.
+    last: usize,
     /// Shared: loaded by `Registry::stats` on any thread.
     pub(super) counters: Counters,
 }
@@ -106,23 +114,25 @@ impl Drop for ShadowStack {
 
 impl ShadowStack {
     pub(super) fn new(words: usize, slots: usize, epoch: u64) -> Self {
-        // At least the bare word; zeroed, so the bare count starts at 0.
-        let stack: Box<[u64]> = vec![0; words.max(1)].into_boxed_slice();
+        // At least word 0 and the bare word; zeroed, so word 0 is 0 and
+        // the bare count starts at 0.
+        let stack: Box<[u64]> = vec![0; words.max(BOTTOM + 1)].into_boxed_slice();
         let cap = stack.len();
         Self {
-            top: Cell::new(0),
+            top: Cell::new(BOTTOM),
             epoch: Cell::new(epoch),
             // SAFETY: a boxed slice's pointer is non-null.
             stack: unsafe { NonNull::new_unchecked(Box::into_raw(stack).cast::<u64>()) },
             cap,
+            last: cap - 1,
             counters: Counters::new(slots),
         }
     }
 
     /// Taken over from an exited thread: its frames are meaningless here.
     pub(super) fn adopt(&self) {
-        self.top.set(0);
-        self.write(0, 0);
+        self.top.set(BOTTOM);
+        self.write(BOTTOM, 0);
     }
 
     /// The pairing epoch the stack belongs to.
@@ -141,29 +151,29 @@ impl ShadowStack {
     }
 
     /// Where a pairing reset cuts the stack: the bare word above the
-    /// topmost frame that took a return, 0 when none did.
+    /// topmost frame that took a return, [`BOTTOM`] when none did.
     pub(super) fn kept_by_reset(&self) -> usize {
-        let mut t = self.top.get().min(self.cap - 1);
-        while t > 0 {
+        let mut t = self.top.get().min(self.last);
+        while t > BOTTOM {
             if self.read(t - 1) & TAKES_RETURN != 0 {
                 return t;
             }
             match self.frame_base(t, |_, _| ()) {
                 Some(base) => t = base,
-                None => return 0,
+                None => return BOTTOM,
             }
         }
-        0
+        BOTTOM
     }
 
     /// Calls `f(slot, generation)` for every return entry on the stack
-    /// above the bare word `from`, newest first. Stops at a frame that
+    /// above the bare word `from` (at least [`BOTTOM`]), newest first. Stops at a frame that
     /// does not parse. Only the stack of a thread that exited inside a
     /// dispatch can hold a torn frame; its stale words may also parse, and
     /// then be counted.
     pub(super) fn each_return_entry(&self, from: usize, mut f: impl FnMut(u32, u64)) {
-        let mut t = self.top.get().min(self.cap - 1);
-        while t > from {
+        let mut t = self.top.get().min(self.last);
+        while t > from.max(BOTTOM) {
             match self.frame_base(t, &mut f) {
                 Some(base) => t = base,
                 None => return,
@@ -171,8 +181,8 @@ impl ShadowStack {
         }
     }
 
-    /// The bare word below the frame under the bare word `t` (`0 < t <
-    /// cap`), calling `f(slot, generation)` for each of its return
+    /// The bare word below the frame under the bare word `t` (`BOTTOM < t
+    /// < cap`), calling `f(slot, generation)` for each of its return
     /// entries, newest first; `None` when it does not parse.
     fn frame_base(&self, t: usize, mut f: impl FnMut(u32, u64)) -> Option<usize> {
         let word = self.read(t - 1);
@@ -181,7 +191,7 @@ impl ShadowStack {
         } else {
             HEADER
         };
-        let mut p = t.checked_sub(header)?;
+        let mut p = t.checked_sub(header + 1)? + 1;
         for _ in 0..word & !TAKES_RETURN {
             let below = p.checked_sub(3)?;
             let meta = self.read(p - 1);
@@ -198,8 +208,8 @@ impl ShadowStack {
     #[inline(always)]
     pub(super) fn reserve(&self, words: usize) -> Option<usize> {
         let t = self.top.get();
-        // `t < cap`, so no underflow.
-        if words >= self.cap - 1 - t {
+        // The new bare word, `t + 1 + words`, at most `last`.
+        if t + words >= self.last {
             return None;
         }
         let at = t + 1;
@@ -273,19 +283,20 @@ impl ShadowStack {
         true
     }
 
-    /// After [`pop_bare`](Self::pop_bare) found none: `Some(top)` when the
-    /// top frame is a frame of a plain entry (the caller reads the frame,
-    /// then [`release`](Self::release)s it), `None` when the stack is
-    /// empty (an exit with no matching entry) or the top frame took a
-    /// return (it stays for `Registry::on_return`).
+    /// After [`pop_bare`](Self::pop_bare) found none: `Some((top, n))`
+    /// when the top frame is a frame of a plain entry with `n ≥ 1` return
+    /// entries (the caller reads the frame, then
+    /// [`release`](Self::release)s it), `None` when the stack is empty (an
+    /// exit with no matching entry: word 0 is 0) or the top frame took a
+    /// return (it stays for `Registry::on_return`; the sign bit).
     #[inline(always)]
-    pub(super) fn pop_frame(&self) -> Option<usize> {
+    pub(super) fn pop_frame(&self) -> Option<(usize, u64)> {
         let t = self.top.get();
-        // Only `on_return` pops a frame that took a return (the sign bit).
-        if t == 0 || (self.read(t - 1) as i64) < 0 {
+        let n = self.read(t - 1);
+        if (n as i64) <= 0 {
             return None;
         }
-        Some(t)
+        Some((t, n))
     }
 
     /// Index of the bare word.
