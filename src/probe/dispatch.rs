@@ -44,7 +44,7 @@ use super::def::{EntryAction, EntryContext, ExitContext};
 use super::ffi::{C_SKIP_EXIT, CEntryContext, CEntryFn, CExitContext, CExitFn, CHandler};
 use super::recursion::{self, Entered};
 use super::registry::{Attach, Registry, state};
-use super::shadow::{BOTTOM, HEADER, RETURN_WORDS, ShadowStack, TAKES_RETURN};
+use super::shadow::{BOTTOM, HEADER, RETURN_WORDS, ShadowStack, TAKES_RETURN, Words};
 use super::stats::{Counter, CounterView};
 use crate::context::{Context, context};
 use crate::rcu;
@@ -342,17 +342,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let data = unsafe { w.data_mut(at, p.data_size) };
         match run_entry(p, a, counters, addr, ret_addr, ctx, data) {
             EntryAction::Continue => {
-                let (dw, mut h) = (fw - 3, at + fw);
-                w.write(at + dw, a.cookie);
-                w.write(at + dw + 1, a.generation);
-                w.write(at + dw + 2, u64::from(a.slot) | (dw as u64) << 32);
-                if RET {
-                    w.write(h, ret_addr);
-                    w.write(h + 1, sp);
-                    h += RETURN_WORDS;
-                }
-                w.write(h, addr);
-                w.write(h + 1, if RET { 1 | TAKES_RETURN } else { 1 });
+                write_return_entry(w, at, a);
+                write_header::<RET>(w, at + fw, 1, addr, ret_addr, sp);
                 // The reservation was exactly the frame: `top` already
                 // covers it, and the frame is complete once written.
                 true
@@ -440,10 +431,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             let action = run_entry(p, a, counters, addr, ret_addr, ctx, data);
             match (keep, action) {
                 (Some(e), EntryAction::Continue) => {
-                    let dw = a.frame_words as usize - 3;
-                    w.write(e + dw, a.cookie);
-                    w.write(e + dw + 1, a.generation);
-                    w.write(e + dw + 2, u64::from(a.slot) | (dw as u64) << 32);
+                    write_return_entry(w, e, a);
                     used += a.frame_words as usize;
                     n += 1;
                 }
@@ -461,14 +449,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             local.release(at);
             return false;
         }
-        let mut h = at + used;
-        if RET {
-            w.write(h, ret_addr);
-            w.write(h + 1, sp);
-            h += RETURN_WORDS;
-        }
-        w.write(h, addr);
-        w.write(h + 1, if RET { n | TAKES_RETURN } else { n });
+        write_header::<RET>(w, at + used, n, addr, ret_addr, sp);
         local.commit(at, used + header);
         true
     }
@@ -932,6 +913,36 @@ impl<C: Send + Sync + 'static> Registry<C> {
             }
         }
     }
+}
+
+/// Writes the return entry of attachment `a` whose data words start at
+/// word `at` (`shadow.rs`: `[data…, cookie, generation, meta]`).
+#[inline(always)]
+fn write_return_entry(w: Words, at: usize, a: &Attach) {
+    let dw = a.frame_words as usize - 3;
+    w.write(at + dw, a.cookie);
+    w.write(at + dw + 1, a.generation);
+    w.write(at + dw + 2, u64::from(a.slot) | (dw as u64) << 32);
+}
+
+/// Writes a frame's header at word `h`, above its `n` return entries:
+/// `[addr, n]`, or `[ret_addr, sp, addr, n | TAKES_RETURN]` (`RET`).
+#[inline(always)]
+fn write_header<const RET: bool>(
+    w: Words,
+    mut h: usize,
+    n: u64,
+    addr: u64,
+    ret_addr: u64,
+    sp: u64,
+) {
+    if RET {
+        w.write(h, ret_addr);
+        w.write(h + 1, sp);
+        h += RETURN_WORDS;
+    }
+    w.write(h, addr);
+    w.write(h + 1, if RET { n | TAKES_RETURN } else { n });
 }
 
 /// Runs probe `p`'s entry handler for attachment `a` (Rust or C; none:
