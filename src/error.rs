@@ -31,6 +31,9 @@ pub enum Error {
     },
     /// A builder setting is out of range; the message says which.
     InvalidConfig(&'static str),
+    /// An argument that would make the call do nothing useful (a probe
+    /// with no handler, an empty address list); the message says which.
+    InvalidArgument(&'static str),
 }
 
 impl fmt::Display for Error {
@@ -44,6 +47,7 @@ impl fmt::Display for Error {
                 write!(f, "registry is full: at most {max_probes} probes")
             }
             Error::InvalidConfig(why) => write!(f, "invalid configuration: {why}"),
+            Error::InvalidArgument(why) => write!(f, "invalid argument: {why}"),
         }
     }
 }

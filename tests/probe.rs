@@ -1143,3 +1143,39 @@ fn c_handlers_see_their_contexts_and_data_and_the_owned_value_outlives_them() {
     registry.unregister(h).unwrap();
     assert!(dropped.load(Ordering::SeqCst), "dropped with the probe");
 }
+
+/// Inputs that would make a registration or a registry do nothing useful
+/// are refused with a typed error, and use up nothing: the probe slot of a
+/// refused registration stays free.
+#[test]
+fn degenerate_inputs_are_refused_and_use_nothing() {
+    assert!(matches!(
+        Registry::<()>::builder().max_depth(0).build(),
+        Err(Error::InvalidConfig(_))
+    ));
+    let reg = Registry::<()>::builder().max_probes(1).build().unwrap();
+    let entry_only = || {
+        Fprobe::<()>::builder()
+            .entry(|_| EntryAction::Continue)
+            .build()
+    };
+    assert!(matches!(
+        reg.register(entry_only(), &[]),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        reg.register_with_cookies(entry_only(), std::iter::empty()),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        reg.register(Fprobe::<()>::builder().data_size(8).build(), &[0x1000]),
+        Err(Error::InvalidArgument(_))
+    ));
+    // The one slot is still free.
+    let h = reg.register(entry_only(), &[0x1000]).unwrap();
+    assert_eq!(
+        reg.register(entry_only(), &[0x2000]),
+        Err(Error::TooManyProbes { max_probes: 1 })
+    );
+    reg.unregister(h).unwrap();
+}

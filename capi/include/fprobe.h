@@ -205,8 +205,8 @@ int fprobe_registry_destroy(struct fprobe_registry *r);
 // Writes the probe's handle (never 0) to `*handle_out`.
 //
 // Returns [`FPROBE_E_NULL`] (`r`, `probe` or `handle_out` NULL, or
-// `addrs` NULL with `n > 0`), [`FPROBE_E_INVALID`] (no handler, or
-// `data_size` above the registry's), [`FPROBE_E_CAPACITY`],
+// `addrs` NULL with `n > 0`), [`FPROBE_E_INVALID`] (no handler, `n` of 0,
+// or `data_size` above the registry's), [`FPROBE_E_CAPACITY`],
 // [`FPROBE_E_DESTROYED`]. On error nothing is registered and `user` stays
 // the caller's (`release` is not called). Thread-safe; takes the
 // registry's writer locks briefly; never blocks dispatch.
@@ -467,9 +467,10 @@ int fprobe_patch_stats(uint64_t handle, struct fprobe_stats *out);
 // Lists the patchable functions (`-fpatchable-function-entry=7,5`) of
 // every loaded object: writes up to `cap` addresses, in address order,
 // to `out` (which may be NULL when `cap` is 0) and their number to
-// `*n_out` (call with `cap = 0` to size the array). Returns
-// [`FPROBE_E_NULL`], [`FPROBE_E_OS`] (an object's file could not be
-// read), or [`FPROBE_E_CAPACITY`] when there are more than `cap` (the
+// `*n_out`. Returns 0 for a sizing call (`out` NULL and `cap` 0: only
+// `*n_out` is written) and when all of them fit, [`FPROBE_E_NULL`],
+// [`FPROBE_E_OS`] (an object's file could not be read), or
+// [`FPROBE_E_CAPACITY`] when `cap > 0` and there are more than `cap` (the
 // first `cap` are written).
 //
 // # Safety

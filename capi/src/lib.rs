@@ -303,7 +303,7 @@ fn code(e: Error) -> c_int {
     match e {
         Error::NotFound => FPROBE_E_NOT_FOUND,
         Error::CapacityExceeded { .. } | Error::TooManyProbes { .. } => FPROBE_E_CAPACITY,
-        Error::InvalidConfig(_) => FPROBE_E_INVALID,
+        Error::InvalidConfig(_) | Error::InvalidArgument(_) => FPROBE_E_INVALID,
         _ => FPROBE_E_INTERNAL,
     }
 }
@@ -483,8 +483,8 @@ pub unsafe extern "C" fn fprobe_registry_destroy(r: *mut fprobe_registry) -> c_i
 /// Writes the probe's handle (never 0) to `*handle_out`.
 ///
 /// Returns [`FPROBE_E_NULL`] (`r`, `probe` or `handle_out` NULL, or
-/// `addrs` NULL with `n > 0`), [`FPROBE_E_INVALID`] (no handler, or
-/// `data_size` above the registry's), [`FPROBE_E_CAPACITY`],
+/// `addrs` NULL with `n > 0`), [`FPROBE_E_INVALID`] (no handler, `n` of 0,
+/// or `data_size` above the registry's), [`FPROBE_E_CAPACITY`],
 /// [`FPROBE_E_DESTROYED`]. On error nothing is registered and `user` stays
 /// the caller's (`release` is not called). Thread-safe; takes the
 /// registry's writer locks briefly; never blocks dispatch.

@@ -197,9 +197,10 @@ pub unsafe extern "C" fn fprobe_patch_stats(handle: u64, out: *mut fprobe_stats)
 /// Lists the patchable functions (`-fpatchable-function-entry=7,5`) of
 /// every loaded object: writes up to `cap` addresses, in address order,
 /// to `out` (which may be NULL when `cap` is 0) and their number to
-/// `*n_out` (call with `cap = 0` to size the array). Returns
-/// [`FPROBE_E_NULL`], [`FPROBE_E_OS`] (an object's file could not be
-/// read), or [`FPROBE_E_CAPACITY`] when there are more than `cap` (the
+/// `*n_out`. Returns 0 for a sizing call (`out` NULL and `cap` 0: only
+/// `*n_out` is written) and when all of them fit, [`FPROBE_E_NULL`],
+/// [`FPROBE_E_OS`] (an object's file could not be read), or
+/// [`FPROBE_E_CAPACITY`] when `cap > 0` and there are more than `cap` (the
 /// first `cap` are written).
 ///
 /// # Safety
@@ -228,7 +229,7 @@ pub unsafe extern "C" fn fprobe_patch_functions(
         }
         // SAFETY: checked non-null; writable by the contract.
         unsafe { *n_out = fs.len() };
-        if fs.len() > cap {
+        if fs.len() > cap && !(out.is_null() && cap == 0) {
             Err(FPROBE_E_CAPACITY)
         } else {
             Ok(())

@@ -186,6 +186,12 @@ fn bad_config_and_probe_are_invalid() {
         );
         assert_eq!(h, 0);
         p.data_size = 8;
+        // No address: refused, as in Rust (`Error::InvalidArgument`).
+        assert_eq!(
+            fprobe_register(r, &p, null(), null(), 0, &mut h),
+            FPROBE_E_INVALID
+        );
+        assert_eq!(h, 0);
         p.entry = None;
         p.exit = None;
         assert_eq!(

@@ -608,6 +608,8 @@ pub fn run(data_size: usize, max_depth: usize, steps: &[Step]) {
                 let live = m.probes.iter().filter(|p| p.alive).count();
                 if usize::from(spec.data_size) > data_size {
                     assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
+                } else if (spec.entry.is_none() && spec.exit.is_none()) || pairs.is_empty() {
+                    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
                 } else if live == MAX_PROBES {
                     assert_eq!(
                         r.err(),
@@ -744,7 +746,8 @@ fn run_decoded(
 ) {
     let mut u = Unstructured::new(data);
     let data_size = 8 * usize::from(u.arbitrary::<u8>().unwrap_or(0) % 4);
-    let max_depth = usize::from(u.arbitrary::<u8>().unwrap_or(0) % 5);
+    // 0 is refused by the builder (no exit could ever run): 1 instead.
+    let max_depth = usize::from(u.arbitrary::<u8>().unwrap_or(0) % 5).max(1);
     let mut steps = Vec::new();
     while !u.is_empty() {
         match step(&mut u) {

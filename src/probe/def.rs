@@ -129,6 +129,11 @@ impl<C> Fprobe<C> {
     pub(super) fn has_exit(&self) -> bool {
         self.exit.is_some() || self.c_exit.is_some()
     }
+
+    /// Whether the probe has an entry handler (Rust or C).
+    pub(super) fn has_entry(&self) -> bool {
+        self.entry.is_some() || self.c_entry.is_some()
+    }
 }
 
 /// Builds an [`Fprobe`].

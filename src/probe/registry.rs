@@ -288,14 +288,19 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] for `max_probes` outside 1..=65536, a
-    /// `data_size` over [`MAX_DATA_SIZE`], or an invalid index
-    /// configuration.
+    /// `data_size` over [`MAX_DATA_SIZE`], a `max_depth` of 0 (no exit
+    /// handler could ever run), or an invalid index configuration.
     pub fn build(self) -> Result<Registry<C>, Error> {
         if !(1..=65536).contains(&self.max_probes) {
             return Err(Error::InvalidConfig("max_probes must be in 1..=65536"));
         }
         if self.data_size > MAX_DATA_SIZE {
             return Err(Error::InvalidConfig("data_size must be at most 4096 bytes"));
+        }
+        if self.max_depth == 0 {
+            return Err(Error::InvalidConfig(
+                "max_depth must be at least 1 (0 would skip every exit handler)",
+            ));
         }
         let stack_words = self
             .max_depth
@@ -372,10 +377,27 @@ impl<C: Send + Sync + 'static> Registry<C> {
     ///
     /// # Errors
     ///
-    /// [`Error::TooManyProbes`] when `max_probes` probes are registered,
-    /// [`Error::CapacityExceeded`] when the index refuses the addresses,
-    /// [`Error::InvalidConfig`] when the probe's `data_size` exceeds the
-    /// registry's. Nothing stays registered on error.
+    /// In the order they are checked: [`Error::InvalidConfig`] when the
+    /// probe's `data_size` exceeds the registry's;
+    /// [`Error::InvalidArgument`] for a probe with neither an entry nor an
+    /// exit handler, or an empty address list; [`Error::TooManyProbes`]
+    /// when `max_probes` probes are registered;
+    /// [`Error::CapacityExceeded`] when the index refuses the addresses.
+    /// Nothing stays registered on error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fprobe::Error;
+    /// use fprobe::probe::{EntryAction, Fprobe, Registry};
+    ///
+    /// let registry = Registry::<()>::builder().build().unwrap();
+    /// let probe = || Fprobe::builder().entry(|_| EntryAction::Continue).build();
+    /// assert!(matches!(registry.register(probe(), &[]), Err(Error::InvalidArgument(_))));
+    /// let none = Fprobe::<()>::builder().build();
+    /// assert!(matches!(registry.register(none, &[0x1000]), Err(Error::InvalidArgument(_))));
+    /// assert!(registry.register(probe(), &[0x1000]).is_ok());
+    /// ```
     pub fn register(&self, probe: Fprobe<C>, addrs: &[u64]) -> Result<ProbeHandle, Error> {
         self.register_with_cookies(probe, addrs.iter().map(|&a| (a, 0)))
     }
@@ -394,6 +416,15 @@ impl<C: Send + Sync + 'static> Registry<C> {
             return Err(Error::InvalidConfig(
                 "probe data_size exceeds the registry's data_size",
             ));
+        }
+        if !probe.has_entry() && !probe.has_exit() {
+            return Err(Error::InvalidArgument(
+                "a probe needs an entry or an exit handler",
+            ));
+        }
+        let mut attach = attach.into_iter().peekable();
+        if attach.peek().is_none() {
+            return Err(Error::InvalidArgument("no address to attach the probe to"));
         }
         let frame_words = if probe.has_exit() {
             probe.data_size.div_ceil(8) as u32 + 3
@@ -429,7 +460,6 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // that sees this generation sees the probe pointer.
         s.state.store(state(generation, true), Ordering::Release);
         let items: Vec<(u64, Attach)> = attach
-            .into_iter()
             .map(|(addr, cookie)| {
                 (
                     addr,

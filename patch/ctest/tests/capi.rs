@@ -37,7 +37,13 @@ fn c_handlers_attached_at_run_time_see_arguments_and_return_values() {
     let mut n = 0usize;
     // SAFETY: cap 0 with a NULL array; a writable count.
     let rc = unsafe { fprobe_patch_functions(std::ptr::null_mut(), 0, &mut n) };
-    assert_eq!(rc, FPROBE_E_CAPACITY);
+    assert_eq!(rc, FPROBE_OK, "a sizing call succeeds");
+    assert!(n > 0);
+    let mut short = vec![0u64; n - 1];
+    let mut m = 0usize;
+    // SAFETY: `n - 1` writable slots.
+    let rc = unsafe { fprobe_patch_functions(short.as_mut_ptr(), n - 1, &mut m) };
+    assert_eq!((rc, m), (FPROBE_E_CAPACITY, n), "an array too short");
     let mut fs = vec![0u64; n];
     // SAFETY: `n` writable slots.
     assert_eq!(
