@@ -672,7 +672,9 @@ fn unregister_waits_for_a_running_exit_handler() {
         .register(
             Fprobe::builder()
                 .exit(move |_| {
-                    let other = r2.register(Fprobe::builder().build(), &[0x300]).unwrap();
+                    let other = r2
+                        .register(Fprobe::builder().exit(|_| {}).build(), &[0x300])
+                        .unwrap();
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         r2.unregister(other)
                     }));

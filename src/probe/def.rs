@@ -84,6 +84,8 @@ pub struct Fprobe<C> {
     pub(super) c_entry: Option<CHandler<CEntryFn>>,
     pub(super) c_exit: Option<CHandler<CExitFn>>,
     pub(super) data_size: usize,
+    /// The message of the first panic of its handlers (`panics.rs`).
+    pub(super) first_panic: super::panics::FirstPanic,
     /// Dropped with the probe, after its handlers (field order).
     owned: Option<Box<dyn Any + Send + Sync>>,
 }
@@ -115,6 +117,7 @@ impl<C> Fprobe<C> {
                 c_entry: None,
                 c_exit: None,
                 data_size: 0,
+                first_panic: super::panics::FirstPanic::new(),
                 owned: None,
             },
         }

@@ -787,6 +787,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             Err(_) => {
                 bump(Counter::Panics);
                 bump(Counter::Unrun);
+                fp.first_panic.caught(&probe_name(slot_idx, generation));
             }
         }
         data_at
@@ -968,6 +969,7 @@ fn run_entry<C>(
             };
             catch_unwind(AssertUnwindSafe(|| entry(&mut ec))).unwrap_or_else(|_| {
                 count(counters, a, Counter::Panics);
+                p.first_panic.caught(&probe_name(a.slot, a.generation));
                 EntryAction::SkipExit
             })
         }
@@ -976,6 +978,13 @@ fn run_entry<C>(
             None => EntryAction::Continue,
         },
     }
+}
+
+/// How a panic report names a probe: its handle's bits.
+#[cold]
+fn probe_name(slot: u32, generation: u64) -> String {
+    // `ProbeHandle::to_bits`.
+    format!("probe {:#x}", generation << 16 | u64::from(slot))
 }
 
 /// Calls a C entry handler with its context.

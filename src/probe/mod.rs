@@ -98,7 +98,10 @@
 //!
 //! A handler that panics is caught at the dispatch boundary (unwinding into
 //! an engine's trampoline or C frames would be undefined behaviour), counted
-//! in [`ProbeStats::panics`], and dispatch goes on.
+//! in [`ProbeStats::panics`], and dispatch goes on. Its message is printed
+//! once per probe and kept ([`Registry::first_panic`]), not printed on every
+//! call: the first registry built chains a panic hook that keeps the
+//! messages of panics raised during a dispatch off the output (`panics.rs`).
 //!
 //! # Performance
 //!
@@ -144,6 +147,7 @@
 mod def;
 mod dispatch;
 mod ffi;
+mod panics;
 mod recursion;
 mod registry;
 mod shadow;

@@ -297,6 +297,7 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
         if self.data_size > MAX_DATA_SIZE {
             return Err(Error::InvalidConfig("data_size must be at most 4096 bytes"));
         }
+        super::panics::install_hook();
         if self.max_depth == 0 {
             return Err(Error::InvalidConfig(
                 "max_depth must be at least 1 (0 would skip every exit handler)",
@@ -735,6 +736,48 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let r = self.local_outermost(crate::context::context()).map(f);
         rec.end_dispatch();
         r
+    }
+
+    /// The message of the first panic of the probe's handlers (where it
+    /// was raised, too), if any panicked: printed once when it happened,
+    /// kept here; later panics are only counted
+    /// ([`ProbeStats::panics`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] for an unregistered handle.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fprobe::probe::{Fprobe, Registry};
+    ///
+    /// let registry = Registry::<()>::builder().build().unwrap();
+    /// let h = registry
+    ///     .register(Fprobe::builder().entry(|_| panic!("no data declared")).build(), &[1])
+    ///     .unwrap();
+    /// for _ in 0..3 {
+    ///     registry.on_entry(1, 0, &());
+    ///     registry.on_exit(0, &());
+    /// }
+    /// assert_eq!(registry.stats(h).unwrap().panics, 3);
+    /// assert!(registry.first_panic(h).unwrap().unwrap().starts_with("no data declared"));
+    /// ```
+    pub fn first_panic(&self, h: ProbeHandle) -> Result<Option<String>, Error> {
+        let _section = rcu::read_lock();
+        let s = self.slots.get(h.slot as usize).ok_or(Error::NotFound)?;
+        // Acquire: pairs with the Release state store of
+        // `register_with_cookies`; the probe pointer is visible.
+        if s.state.load(Ordering::Acquire) >> 1 != h.generation || h.generation & 1 == 0 {
+            return Err(Error::NotFound);
+        }
+        // Relaxed: ordered by the Acquire above.
+        let p = s.probe.load(Ordering::Relaxed);
+        // SAFETY: the generation was live inside this read-side section,
+        // so `unregister` has not passed the grace period after which it
+        // frees the probe.
+        let p = unsafe { p.as_ref() }.ok_or(Error::NotFound)?;
+        Ok(p.first_panic.get())
     }
 
     /// The probe's counters, summed over threads.
