@@ -16,6 +16,42 @@
 //! * [`probe`] — the kernel's fprobe: entry/exit probes on many addresses at
 //!   once, dispatch, misses by cause, safe unregister.
 //!
+//!
+//! # Quick start
+//!
+//! An engine attaches probes to function addresses and calls the registry
+//! from its hooks on every function entry and return:
+//!
+//! ```
+//! use fprobe::probe::{EntryAction, Fprobe, Registry};
+//!
+//! // The engine's context type is `()` here; handlers see it as `ctx`.
+//! let registry = Registry::<()>::builder().build()?;
+//! let probe = Fprobe::builder()
+//!     .data_size(8) // per-call data from the entry handler to the exit's
+//!     .entry(|e| {
+//!         e.data.copy_from_slice(&e.addr.to_ne_bytes());
+//!         EntryAction::Continue
+//!     })
+//!     .exit(|x| println!("{:#x} returned to {:#x}", x.addr, x.ret_addr))
+//!     .build();
+//! let handle = registry.register(probe, &[0x401000, 0x401200])?;
+//!
+//! // The engine's hooks: function 0x401000 entered from 0x400800, and
+//! // returning there.
+//! registry.on_entry(0x401000, 0x400800, &());
+//! registry.on_exit(0x400800, &());
+//! assert_eq!(registry.stats(handle)?.exits, 1);
+//! registry.unregister(handle)?;
+//! # Ok::<(), fprobe::Error>(())
+//! ```
+//!
+//! No engine of your own? `fprobe-patch` (the `patch/` crate of this
+//! repository) attaches to functions compiled with
+//! `-fpatchable-function-entry=7,5` at run time, and the C ABI
+//! (`fprobe-capi`, `capi/`: `fprobe.h`, a shared and a static library)
+//! serves C and C++ engines, with a `-finstrument-functions` runtime.
+//!
 //! Measurements: `BENCHMARKS.md`. Design invariants and memory-ordering
 //! arguments are in each module's documentation.
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -92,6 +92,17 @@
 //!
 //! # Hazards
 //!
+//! * **The optimiser calls less than the source does.** At `-O2` a
+//!   compiler that sees a function's body may fold or skip calls to it
+//!   even when it is not inlined: GCC's interprocedural passes find a
+//!   `noinline` function pure and compute repeated calls once, or
+//!   propagate a constant result, so an attached function is called
+//!   fewer times than the source says (a hit count of 0 for a function
+//!   the loop "calls" a million times). Probes see calls, not source: for
+//!   a function whose every call must be seen (a test, a benchmark), use
+//!   `__attribute__((noipa))` (GCC; Clang: `optnone`, or define it in
+//!   another translation unit without LTO), or give it a side effect the
+//!   compiler cannot remove (a `volatile` access).
 //! * **Recursion.** A handler that calls a patched function enters the
 //!   trampoline again; the probe layer's per-context guard refuses it
 //!   (counted in [`fprobe::probe::Missed::recursion`]) and the call runs
