@@ -332,7 +332,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             if fw > 0 {
                 count(counters, a, Counter::Depth);
             }
-            run_entry(p, a, counters, addr, ret_addr, ctx, &mut []);
+            run_entry(local, p, a, counters, addr, ret_addr, ctx, &mut []);
             return false;
         };
         count(counters, a, Counter::Kept);
@@ -340,7 +340,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // SAFETY: as in `entry_frame`: the data words lie in our
         // reservation, which nothing else references until it is pushed.
         let data = unsafe { w.data_mut(at, p.data_size) };
-        match run_entry(p, a, counters, addr, ret_addr, ctx, data) {
+        match run_entry(local, p, a, counters, addr, ret_addr, ctx, data) {
             EntryAction::Continue => {
                 write_return_entry(w, at, a);
                 write_header::<RET>(w, at + fw, 1, addr, ret_addr, sp);
@@ -428,7 +428,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 Some(at) => unsafe { w.data_mut(at, p.data_size) },
                 None => &mut [],
             };
-            let action = run_entry(p, a, counters, addr, ret_addr, ctx, data);
+            let action = run_entry(local, p, a, counters, addr, ret_addr, ctx, data);
             match (keep, action) {
                 (Some(e), EntryAction::Continue) => {
                     write_return_entry(w, e, a);
@@ -787,7 +787,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             Err(_) => {
                 bump(Counter::Panics);
                 bump(Counter::Unrun);
-                fp.first_panic.caught(&probe_name(slot_idx, generation));
+                panicked::<C>(local, slot_idx, generation);
             }
         }
         data_at
@@ -905,7 +905,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
             None => {
                 recursion::init_thread();
                 self.locals.get_or(
-                    || ShadowStack::new(self.stack_words, self.slots.len(), key),
+                    || {
+                        let slots = self.slots.as_ptr().cast::<()>();
+                        ShadowStack::new(self.stack_words, self.slots.len(), slots, key)
+                    },
                     // Frames of the exited thread end as unrun. The outer
                     // bank is free to bump even in a nested dispatch: no
                     // dispatch of this thread uses a state it just adopted.
@@ -946,10 +949,42 @@ fn write_header<const RET: bool>(
     w.write(h + 1, if RET { n | TAKES_RETURN } else { n });
 }
 
+/// A handler of the probe in slot `slot` under `generation` panicked
+/// (counted by the caller): keeps and prints its first panic
+/// (`panics.rs`), finding the probe through the thread's state for the
+/// registry (`local`), so that the hot path keeps no registry pointer
+/// alive across the handler's call for it. The caller is inside the
+/// dispatch's section and saw the generation live.
+#[cold]
+#[inline(never)]
+fn panicked<C>(local: &ShadowStack, slot: u32, generation: u64) {
+    let slots = local.slots.cast::<super::registry::ProbeSlot<C>>();
+    // SAFETY: `local.slots` is the registry's slot array (`ShadowStack`),
+    // alive as long as the registry, which the caller borrows; `slot` is
+    // below its length (`Attach` invariant, or a frame's copy of it).
+    let s = unsafe { &*slots.add(slot as usize) };
+    // Acquire: as in `exit_entry`.
+    if s.state.load(Ordering::Acquire) >> 1 != generation {
+        return;
+    }
+    // Relaxed: ordered by the Acquire above.
+    let p = s.probe.load(Ordering::Relaxed);
+    // SAFETY: the generation matched inside the caller's read-side
+    // section: `unregister` frees the probe only after a grace period.
+    if let Some(p) = unsafe { p.as_ref() } {
+        // The handle's bits (`ProbeHandle::to_bits`).
+        let name = format!("probe {:#x}", generation << 16 | u64::from(slot));
+        p.first_panic.caught(&name);
+    }
+}
+
 /// Runs probe `p`'s entry handler for attachment `a` (Rust or C; none:
-/// `Continue`), counting a panic, which skips the exit.
+/// `Continue`), counting a panic, which skips the exit, and reporting it
+/// (`panicked`).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn run_entry<C>(
+    local: &ShadowStack,
     p: &super::def::Fprobe<C>,
     a: &Attach,
     counters: CounterView,
@@ -969,7 +1004,7 @@ fn run_entry<C>(
             };
             catch_unwind(AssertUnwindSafe(|| entry(&mut ec))).unwrap_or_else(|_| {
                 count(counters, a, Counter::Panics);
-                p.first_panic.caught(&probe_name(a.slot, a.generation));
+                panicked::<C>(local, a.slot, a.generation);
                 EntryAction::SkipExit
             })
         }
@@ -978,13 +1013,6 @@ fn run_entry<C>(
             None => EntryAction::Continue,
         },
     }
-}
-
-/// How a panic report names a probe: its handle's bits.
-#[cold]
-fn probe_name(slot: u32, generation: u64) -> String {
-    // `ProbeHandle::to_bits`.
-    format!("probe {:#x}", generation << 16 | u64::from(slot))
 }
 
 /// Calls a C entry handler with its context.

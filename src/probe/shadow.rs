@@ -90,12 +90,17 @@ pub(super) struct ShadowStack {
     last: usize,
     /// Shared: loaded by `Registry::stats` on any thread.
     pub(super) counters: Counters,
+    /// The registry's probe slots (`Registry::slots`, which outlive every
+    /// thread's state), untyped: for the cold path that reports a
+    /// handler's panic without the registry at hand.
+    pub(super) slots: *const (),
 }
 
-// SAFETY: every field but `counters` is used by the owning thread only
-// (the `PerThread` invariant: one owner at a time, handed over under the
-// index allocator's mutex); `counters` are atomics stored by the owner
-// only and loaded by anyone.
+// SAFETY: every field but `counters` and `slots` is used by the owning
+// thread only (the `PerThread` invariant: one owner at a time, handed over
+// under the index allocator's mutex); `counters` are atomics stored by the
+// owner only and loaded by anyone; `slots` is immutable and points to the
+// registry's slots, which are `Sync`.
 unsafe impl Sync for ShadowStack {}
 // SAFETY: the stack is a plain heap allocation owned by `ShadowStack`.
 unsafe impl Send for ShadowStack {}
@@ -113,7 +118,7 @@ impl Drop for ShadowStack {
 }
 
 impl ShadowStack {
-    pub(super) fn new(words: usize, slots: usize, epoch: u64) -> Self {
+    pub(super) fn new(words: usize, slots: usize, slots_at: *const (), epoch: u64) -> Self {
         // At least word 0 and the bare word; zeroed, so word 0 is 0 and
         // the bare count starts at 0.
         let stack: Box<[u64]> = vec![0; words.max(BOTTOM + 1)].into_boxed_slice();
@@ -126,6 +131,7 @@ impl ShadowStack {
             cap,
             last: cap - 1,
             counters: Counters::new(slots),
+            slots: slots_at,
         }
     }
 
