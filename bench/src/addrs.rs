@@ -112,7 +112,7 @@ fn elf_or_synthetic(cands: &[PathBuf], n: usize, rng: &mut StdRng) -> (Vec<u64>,
         };
         let origin = format!(
             "{} ({} distinct function symbols)",
-            p.display(),
+            file_name(p),
             addrs.len()
         );
         let enough = addrs.len() >= n;
@@ -129,6 +129,19 @@ fn elf_or_synthetic(cands: &[PathBuf], n: usize, rng: &mut StdRng) -> (Vec<u64>,
             format!("synthetic layout ({n} functions; no ELF readable)"),
         )
     })
+}
+
+/// What a report names `path` by: its file name (a local directory says
+/// nothing about the symbols and differs between machines), or `this
+/// binary` for `/proc/self/exe`.
+fn file_name(path: &Path) -> String {
+    if path == Path::new("/proc/self/exe") {
+        return "this binary".into();
+    }
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
 }
 
 fn function_symbols(path: &Path) -> Option<Vec<u64>> {

@@ -323,7 +323,7 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
                     .push((rcu::stats().reclaim_grace_periods - gp0) as f64 / secs);
                 p.tables
                     .push((written.0.stats().resizes - rs0) as f64 / secs);
-                eprintln!(
+                cfg.progress.line(format_args!(
                     "  {} {variant:<8} round {}  reader off {:>8.2} M/s, on {:>8.2} M/s, paired on ÷ off {:.3}, writer {:.3} M ops/s, round trip {} ns",
                     mode.name(),
                     round + 1,
@@ -332,16 +332,16 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
                     stats::median(&a.ratios().collect::<Vec<_>>()),
                     a.writes / 1e6,
                     or_dash(a.round_trip, 0)
-                );
+                ));
                 p.alternations.push(a);
                 continue;
             }
             let s = idle(cfg, stream, &read);
-            eprintln!(
+            cfg.progress.line(format_args!(
                 "  churn {variant:<8} round {}  writer idle      reader {:>8.2} M/s",
                 round + 1,
                 s.median() / 1e6
-            );
+            ));
             p.phases.idle.extend(s);
             if round == cfg.rounds {
                 continue; // idle phases bracket every churn phase
@@ -355,13 +355,13 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
             let secs = t0.elapsed().as_secs_f64();
             let gp = (rcu::stats().reclaim_grace_periods - gp0) as f64 / secs;
             let rs = (written.0.stats().resizes - rs0) as f64 / secs;
-            eprintln!(
+            cfg.progress.line(format_args!(
                 "  churn {variant:<8} round {}  writer churning  reader {:>8.2} M/s, writer {:.3} M ops/s, {gp:.0} grace periods/s, {rs:.0} tables/s, round trip {} ns",
                 round + 1,
                 c.samples.median() / 1e6,
                 c.writes / 1e6,
                 or_dash(c.round_trip, 0)
-            );
+            ));
             p.gps.push(gp);
             p.tables.push(rs);
             p.phases.churn.push(c);

@@ -238,14 +238,14 @@ fn run_mode(cfg: &Config, alternate: bool) -> Vec<Row> {
                         Writer::HotSet => churn_hot(&mut &*map, &hot, gate),
                     };
                     let a = alternating(cfg, stream, &read, &write, PAIRS);
-                    eprintln!(
+                    cfg.progress.line(format_args!(
                         "  churn-peers-alt {variant:<8} {name:<16} round {}  reader held {:>8.2} M/s, running {:>8.2} M/s, writer {:.3} M ops/s, round trip {} ns",
                         round + 1,
                         stats::median(&a.off) / 1e6,
                         stats::median(&a.on) / 1e6,
                         a.writes / 1e6,
                         or_dash(a.round_trip, 0)
-                    );
+                    ));
                     phases.push(a);
                 }
             }
@@ -267,11 +267,11 @@ fn run_mode(cfg: &Config, alternate: bool) -> Vec<Row> {
                 let map = map.as_ref();
                 let read = |b: &[u64]| map.read(b);
                 let s = idle(cfg, stream, &read);
-                eprintln!(
+                cfg.progress.line(format_args!(
                     "  churn-peers {variant:<8} {name:<16} round {}  writer idle      reader {:>8.2} M/s",
                     round + 1,
                     s.median() / 1e6
-                );
+                ));
                 cell.idle.extend(s);
                 if round == cfg.rounds {
                     continue; // idle phases bracket every churn phase
@@ -281,13 +281,13 @@ fn run_mode(cfg: &Config, alternate: bool) -> Vec<Row> {
                     Writer::HotSet => churn_hot(&mut &*map, &hot, gate),
                 };
                 let c = churning(cfg, stream, &read, &write);
-                eprintln!(
+                cfg.progress.line(format_args!(
                     "  churn-peers {variant:<8} {name:<16} round {}  writer churning  reader {:>8.2} M/s, writer {:.3} M ops/s, round trip {} ns",
                     round + 1,
                     c.samples.median() / 1e6,
                     c.writes / 1e6,
                     or_dash(c.round_trip, 0)
-                );
+                ));
                 cell.churn.push(c);
             }
         }

@@ -22,10 +22,10 @@ pub fn run(cfg: &Config) -> Vec<Row> {
         set.origin
     );
     let data = addrs::handlers(&set.addrs, cfg.seed);
-    eprintln!(
+    cfg.progress.line(format_args!(
         "building {} implementations over {n} addresses…",
         impls::NAMES.len()
-    );
+    ));
     let imps = impls::build(&data, &|name| cfg.keep_impl(name));
     let max_threads = *cfg.threads.iter().max().expect("at least one thread count");
     let mut rows = Vec::new();

@@ -141,10 +141,10 @@ pub fn run(cfg: &Config) -> Vec<Row> {
             let (name, f) = &VARIANTS[k];
             let d = f(a);
             let per = d.as_nanos() as f64 / n as f64;
-            eprintln!(
+            cfg.progress.line(format_args!(
                 "  registration rep {}/{REPS}  {name:<40} {per:>8.1} ns/addr",
                 rep + 1
-            );
+            ));
             ns[k].push(per);
         }
     }
@@ -170,6 +170,7 @@ pub fn run(cfg: &Config) -> Vec<Row> {
             stddev: sd,
             median: m,
             samples: v.len(),
+            rounds: Vec::new(),
         });
     }
     report::print_table(

@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicBool;
 
 use crate::Config;
 use crate::harness::{self, PaddedCounter, Samples};
+use crate::progress::Cell;
 use crate::report::{self, Row};
 
 /// A producer body: `(producer index, its counter, stop flag)`; it loops
@@ -35,11 +36,14 @@ pub struct Labels<'a> {
 }
 
 /// Runs every contender at every `cfg.threads` count for `cfg.rounds`
-/// interleaved rounds, prints the table, returns one row per cell.
+/// interleaved rounds, prints the table, returns one row per cell (with the
+/// median of each round in [`Row::rounds`]).
 pub fn run(cfg: &Config, labels: &Labels<'_>, contenders: &[Contender<'_>]) -> Vec<Row> {
-    let mut cells: Vec<(usize, usize, Samples)> = Vec::new(); // (contender, threads, samples)
+    // (contender, threads, pooled samples, median of each round)
+    let mut cells: Vec<(usize, usize, Samples, Vec<f64>)> = Vec::new();
     for &t in &cfg.threads {
         let mut per: Vec<Samples> = vec![Samples::default(); contenders.len()];
+        let mut round_medians: Vec<Vec<f64>> = vec![Vec::new(); contenders.len()];
         for round in 0..cfg.rounds {
             // Each round starts one contender further on, so that no
             // contender always runs first (right after the implementations
@@ -48,37 +52,34 @@ pub fn run(cfg: &Config, labels: &Labels<'_>, contenders: &[Contender<'_>]) -> V
             for i in 0..contenders.len() {
                 let k = (i + round) % contenders.len();
                 let c = &contenders[k];
+                let cell = Cell {
+                    bench: labels.bench,
+                    workload: labels.workload,
+                    threads: t,
+                    round,
+                    rounds: cfg.rounds,
+                    imp: c.name,
+                };
+                cfg.progress.start_cell(&cell);
                 let s = harness::run_producers(t, 0, &cfg.cpus, cfg.timing, &c.producer);
-                eprintln!(
-                    "  {} {:<7} {t:>2}T round {}/{}  {:<24} {:>8.2} M/s{}",
-                    labels.bench,
-                    labels.workload,
-                    round + 1,
-                    cfg.rounds,
-                    c.name,
-                    s.median() / 1e6,
-                    if s.unpinned > 0 {
-                        format!("  ({} producer(s) unpinned)", s.unpinned)
-                    } else {
-                        String::new()
-                    }
-                );
+                cfg.progress.end_cell(&cell, &s);
+                round_medians[k].push(s.median() / 1e6);
                 per[k].extend(s);
             }
         }
-        for (k, s) in per.into_iter().enumerate() {
-            cells.push((k, t, s));
+        for (k, (s, m)) in per.into_iter().zip(round_medians).enumerate() {
+            cells.push((k, t, s, m));
         }
     }
     let mut rows = Vec::new();
     let mut body = Vec::new();
     for (k, c) in contenders.iter().enumerate() {
-        for (_, t, s) in cells.iter().filter(|cell| cell.0 == k) {
+        for (_, t, s, round_medians) in cells.iter().filter(|cell| cell.0 == k) {
             let reference = cells
                 .iter()
                 .find(|r| contenders[r.0].name == labels.reference && r.1 == *t)
                 .map(|r| r.2.median());
-            let row = Row::rate(
+            let mut row = Row::rate(
                 labels.bench,
                 labels.workload.into(),
                 labels.addrs,
@@ -86,6 +87,7 @@ pub fn run(cfg: &Config, labels: &Labels<'_>, contenders: &[Contender<'_>]) -> V
                 *t,
                 s,
             );
+            row.rounds = round_medians.clone();
             body.push(vec![
                 c.name.to_string(),
                 t.to_string(),

@@ -3,7 +3,9 @@
 //! `tools/testing/selftests/bpf/bench_trigger.c`.
 //!
 //! ```text
-//! cargo run --release -p fprobe-bench                      # lookup, both workloads, 1..=nproc threads
+//! cargo run --release -p fprobe-bench                      # the summary (below)
+//! cargo run --release -p fprobe-bench -- --quiet           # the same, no progress on stderr
+//! cargo run --release -p fprobe-bench -- --bench lookup    # every lookup implementation, 1..=nproc threads
 //! cargo run --release -p fprobe-bench -- --bench registration
 //! cargo run --release -p fprobe-bench -- --bench churn
 //! cargo run --release -p fprobe-bench -- --bench churn-alt
@@ -15,6 +17,39 @@
 //! cargo run --release -p fprobe-bench -- --bench all
 //! cargo run --release -p fprobe-bench -- --help
 //! ```
+//!
+//! # The default run: a summary
+//!
+//! Without `--bench`, the binary runs the summary (`summary.rs`): one short
+//! table for each part of the crate, in about 90 seconds on two cores and
+//! about 75 lines of stdout:
+//!
+//! 1. index lookups, fprobe's `AddrIndex` against `hashbrown-ceiling`
+//!    (unsynchronised) and the strongest concurrent peers (papaya, scc,
+//!    dashmap, `RwLock<hashbrown>`), uniform and hot workloads;
+//! 2. probe dispatch, `kprobe-multi-all` and `kretprobe-multi-all` against
+//!    `mutex-hashbrown` and `mutex-hashbrown-shared`, uniform calls;
+//! 3. the object pool against malloc and the other pools of `objpool`;
+//! 4. the recent-hit cache on and off (cells of table 1's run), with an A/A
+//!    control: a second fprobe index built alike (`fprobe-small-pages`, the
+//!    same as fprobe below ~131,000 addresses).
+//!
+//! Each at 1 and 2 producer threads (or `--threads`). Every cell runs in 4
+//! interleaved rounds of 1 warm-up + 3 kept 100 ms samples (or
+//! `--sample-ms`, `--duration-ms`, `--rounds`); a cell shows its median,
+//! `±` half the range of its rounds' medians (the run's noise) and its
+//! ratio to the table's reference, marked `~` where the two cells' noise
+//! covers the difference. Under each table, a line names what each
+//! implementation is and one sums up the noise. The header names the CPU,
+//! the date and the ELF the addresses come from (by file name).
+//!
+//! stdout holds only the report; stderr one progress line rewritten in
+//! place (on a terminal; otherwise one line per part), none with
+//! `--quiet`. `--impls`, `--workload`, `--addrs`, `--seed`, `--csv`,
+//! `--svg` and `--markdown` apply to the summary as to any benchmark.
+//!
+//! With `--bench`, the run is what it always was: the chosen benchmarks'
+//! full tables, one stderr line per cell and round (none with `--quiet`).
 //!
 //! Benchmarks live in a registry ([`BENCHES`]): add a module with a
 //! `run(&Config) -> Vec<Row>` and one line there.
@@ -32,17 +67,21 @@ mod dispatch;
 mod harness;
 mod impls;
 mod pools;
+mod progress;
 mod report;
 mod stats;
+mod summary;
 #[allow(dead_code)] // the profiler writes traces; the harness only reads them
 mod trace;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use addrs::{Source, Workload};
 use harness::Timing;
+use progress::{Meter, Progress};
 use report::{Row, md};
 
 /// One registered benchmark.
@@ -144,6 +183,8 @@ fn impl_groups() -> [(&'static str, Vec<(&'static str, &'static str)>); 4] {
 /// Everything the command line sets.
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// No `--bench`: the summary runs (`benches` is then unused).
+    pub summary: bool,
     pub benches: Vec<&'static BenchDef>,
     pub threads: Vec<usize>,
     pub timing: Timing,
@@ -162,6 +203,8 @@ pub struct Config {
     pub seed: u64,
     /// CPUs producers are pinned to, round-robin.
     pub cpus: Vec<usize>,
+    /// What stderr shows while the run measures.
+    pub progress: Progress,
 }
 
 impl std::fmt::Debug for BenchDef {
@@ -186,8 +229,13 @@ impl Config {
 fn usage() -> String {
     let mut s = String::from(
         "usage: trigger [options]\n\n\
-         --bench NAME[,NAME]    benchmark(s) to run (default lookup; 'all' for every one)\n\
-         --threads LIST         producer counts, e.g. 1,2,4,8,16 (default 1..=available_parallelism)\n\
+         Without --bench: the summary, one short table per part of the crate (index lookups\n\
+         against the peers, probe dispatch, the object pool, the hit cache) in about 90 s on\n\
+         two cores; the other options apply to it as to any benchmark.\n\n\
+         --bench NAME[,NAME]    benchmark(s) to run instead of the summary, with their full tables\n\
+         \x20                      ('all' for every one)\n\
+         --threads LIST         producer counts, e.g. 1,2,4,8,16 (default 1..=available_parallelism;\n\
+         \x20                      the summary: 1,2)\n\
          --sample-ms MS         sampler period (default 1000; see below)\n\
          --duration-ms MS       measured time per cell and round, after warm-up (default 5000)\n\
          --warmup N             warm-up samples discarded per cell (default 1)\n\
@@ -198,14 +246,18 @@ fn usage() -> String {
          --workload LIST        uniform,hot,one,zipf0.8,zipf1.0,zipf1.2,trace (hot = 90% of lookups on 64\n\
          \x20                      addresses, one = all on one, zipfS = Zipf(S) ranks over the set,\n\
          \x20                      trace = the call sequence in FPROBE_TRACE (sqlite profiler --record-trace);\n\
-         \x20                      default uniform,hot; one,uniform,hot for the *-multi-all benchmarks)\n\
+         \x20                      default uniform,hot; one,uniform,hot for the *-multi-all benchmarks;\n\
+         \x20                      the summary: uniform,hot for lookups, uniform for dispatch)\n\
          --impls LIST           only these implementations (names below)\n\
          --csv PATH             one row per cell\n\
          --svg PATH             throughput vs threads per implementation (lookup bench)\n\
          --markdown PATH        the report (the Markdown tables printed on stdout) written to PATH\n\
-         --seed N               address sample, handler and stream seed (default 1)\n\n\
+         --seed N               address sample, handler and stream seed (default 1)\n\
+         -q, --quiet            no progress on stderr (the summary's progress line, the\n\
+         \x20                      benchmarks' line per cell)\n\n\
          With neither --sample-ms nor --duration-ms the run is the quick default that fits in\n\
-         two minutes on two cores: 200 ms samples, 1 warm-up + 3 kept per cell, 2 rounds.\n\n\
+         two minutes on two cores: 200 ms samples, 1 warm-up + 3 kept per cell, 2 rounds\n\
+         (the summary: 100 ms samples, 1 warm-up + 3 kept per cell, 4 rounds).\n\n\
          benchmarks:\n",
     );
     for b in BENCHES {
@@ -272,19 +324,19 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Config, ArgsEr
     use lexopt::prelude::*;
 
     let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut benches = vec![&BENCHES[0]];
-    let mut threads: Vec<usize> = (1..=ncpu).collect();
+    let mut benches = None;
+    let mut threads: Option<Vec<usize>> = None;
     let (mut sample_ms, mut duration_ms, mut warmup, mut rounds) = (None, None, 1usize, None);
     let (mut addrs, mut source, mut workloads) = (50_000usize, Source::Elf, None);
     let (mut impls_filter, mut csv, mut svg, mut seed) = (None, None, None, 1u64);
-    let mut markdown = None;
+    let (mut markdown, mut quiet) = (None, false);
     let mut parser = lexopt::Parser::from_args(args);
     while let Some(arg) = parser.next()? {
         match arg {
             Short('h') | Long("help") => return Err(ArgsError::Help),
             Long("bench") => {
                 let v = text("--bench", parser.value()?)?;
-                benches = if v == "all" {
+                benches = Some(if v == "all" {
                     BENCHES.iter().collect()
                 } else {
                     v.split(',')
@@ -298,9 +350,9 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Config, ArgsEr
                             })
                         })
                         .collect::<Result<_, _>>()?
-                };
+                });
             }
-            Long("threads") => threads = list("--threads", parser.value()?)?,
+            Long("threads") => threads = Some(list("--threads", parser.value()?)?),
             Long("sample-ms") => sample_ms = Some(num("--sample-ms", parser.value()?)?),
             Long("duration-ms") => duration_ms = Some(num("--duration-ms", parser.value()?)?),
             Long("warmup") => warmup = num("--warmup", parser.value()?)? as usize,
@@ -327,16 +379,26 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Config, ArgsEr
             Long("svg") => svg = Some(text("--svg", parser.value()?)?),
             Long("markdown") => markdown = Some(text("--markdown", parser.value()?)?),
             Long("seed") => seed = num("--seed", parser.value()?)?,
+            Short('q') | Long("quiet") => quiet = true,
             _ => return Err(arg.unexpected().into()),
         }
     }
+    let summary = benches.is_none();
+    let benches = benches.unwrap_or_else(|| vec![&BENCHES[0]]);
+    let threads = threads.unwrap_or_else(|| {
+        if summary {
+            (1..=ncpu.min(2)).collect()
+        } else {
+            (1..=ncpu).collect()
+        }
+    });
     if threads.is_empty() || threads.contains(&0) {
         return Err(ArgsError::Bad("--threads: counts must be ≥ 1".into()));
     }
     let quick = sample_ms.is_none() && duration_ms.is_none();
     let timing = if quick {
         Timing {
-            sample: Duration::from_millis(200),
+            sample: Duration::from_millis(if summary { 100 } else { 200 }),
             warmup_samples: warmup,
             samples: 3,
         }
@@ -349,8 +411,18 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Config, ArgsEr
             samples: (d / s).max(1) as usize,
         }
     };
-    let rounds = rounds.unwrap_or(if quick { 2 } else { 1 });
+    let rounds = rounds.unwrap_or(match (summary, quick) {
+        (true, true) => 4,
+        (false, true) => 2,
+        (_, false) => 1,
+    });
+    let progress = match (quiet, summary) {
+        (true, _) => Progress::Off,
+        (false, true) => Progress::Meter(Arc::new(Meter::new())),
+        (false, false) => Progress::Cells,
+    };
     Ok(Config {
+        summary,
         benches,
         threads,
         timing,
@@ -364,6 +436,7 @@ fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Config, ArgsEr
         markdown,
         seed,
         cpus: harness::allowed_cpus(),
+        progress,
     })
 }
 
@@ -389,16 +462,11 @@ fn main() -> ExitCode {
         }
     };
     let t0 = Instant::now();
-    md!("# fprobe trigger benchmark");
-    md!();
-    md!("{}", report::machine_line(&cfg));
-    md!("{}", report::timing_line(&cfg));
-    md!();
-    let mut rows = Vec::new();
-    for b in &cfg.benches {
-        eprintln!("== {} ==", b.name);
-        rows.extend((b.run)(&cfg));
-    }
+    let rows = if cfg.summary {
+        summary::run(&cfg)
+    } else {
+        run_benches(&cfg)
+    };
     if let Some(path) = &cfg.csv {
         report_written(path, report::write_csv(path, &rows));
     }
@@ -413,6 +481,90 @@ fn main() -> ExitCode {
     if let Some(path) = &cfg.markdown {
         report_written(path, report::write_markdown(path));
     }
-    eprintln!("done in {:.1} s", t0.elapsed().as_secs_f64());
+    // The summary's meter said it was done before the tables.
+    if let Progress::Cells = cfg.progress {
+        eprintln!("done in {:.1} s", t0.elapsed().as_secs_f64());
+    }
     ExitCode::SUCCESS
+}
+
+/// The `--bench` run: a header, then each benchmark's own tables.
+fn run_benches(cfg: &Config) -> Vec<Row> {
+    md!("# fprobe trigger benchmark");
+    md!();
+    md!("{}", report::machine_line(cfg));
+    md!("{}", report::timing_line(cfg));
+    md!();
+    let mut rows = Vec::new();
+    for b in &cfg.benches {
+        cfg.progress.line(format_args!("== {} ==", b.name));
+        rows.extend((b.run)(cfg));
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Config {
+        match parse_args(args.iter().map(OsString::from)) {
+            Ok(c) => c,
+            Err(e) => panic!("{args:?}: {e:?}"),
+        }
+    }
+
+    /// No argument: the summary, its own quick timing, 1 and 2 threads,
+    /// the progress meter.
+    #[test]
+    fn no_argument_is_the_summary() {
+        let c = parse(&[]);
+        let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!(c.summary);
+        assert_eq!(c.threads, (1..=ncpu.min(2)).collect::<Vec<_>>());
+        assert_eq!(c.timing.sample, Duration::from_millis(100));
+        assert_eq!((c.timing.warmup_samples, c.timing.samples), (1, 3));
+        assert_eq!(c.rounds, 4);
+        assert!(matches!(c.progress, Progress::Meter(_)));
+        assert!(matches!(parse(&["--quiet"]).progress, Progress::Off));
+        assert!(parse(&["--threads", "1", "--csv", "x.csv"]).summary);
+    }
+
+    /// `--bench`: what the run always was.
+    #[test]
+    fn bench_keeps_the_old_defaults() {
+        let c = parse(&["--bench", "lookup"]);
+        let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!(!c.summary);
+        assert_eq!(c.benches.len(), 1);
+        assert_eq!(c.benches[0].name, "lookup");
+        assert_eq!(c.threads, (1..=ncpu).collect::<Vec<_>>());
+        assert_eq!(c.timing.sample, Duration::from_millis(200));
+        assert_eq!((c.timing.warmup_samples, c.timing.samples), (1, 3));
+        assert_eq!(c.rounds, 2);
+        assert!(matches!(c.progress, Progress::Cells));
+        let c = parse(&["-q", "--bench", "all", "--sample-ms", "500"]);
+        assert_eq!(c.benches.len(), BENCHES.len());
+        assert_eq!(c.rounds, 1);
+        assert_eq!(c.timing.samples, 10);
+        assert!(matches!(c.progress, Progress::Off));
+    }
+
+    #[test]
+    fn bad_arguments() {
+        let bad = |args: &[&str]| {
+            matches!(
+                parse_args(args.iter().map(OsString::from)),
+                Err(ArgsError::Bad(_))
+            )
+        };
+        assert!(bad(&["--bench", "nope"]));
+        assert!(bad(&["--threads", "0"]));
+        assert!(bad(&["--impls", "nope"]));
+        assert!(bad(&["--quiet=yes"]));
+        assert!(matches!(
+            parse_args([OsString::from("--help")]),
+            Err(ArgsError::Help)
+        ));
+    }
 }

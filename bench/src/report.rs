@@ -13,12 +13,34 @@ use crate::Config;
 /// `--markdown PATH` writes.
 static DOC: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
 
-/// Prints one line of the report to stdout and keeps it for `--markdown`.
+thread_local! {
+    /// Set while [`muted`] runs its closure on this thread.
+    static MUTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Prints one line of the report to stdout and keeps it for `--markdown`;
+/// drops it inside [`muted`].
 pub fn emit(line: String) {
+    if MUTED.with(std::cell::Cell::get) {
+        return;
+    }
     println!("{line}");
     let mut doc = DOC.lock().unwrap_or_else(|e| e.into_inner());
     doc.push_str(&line);
     doc.push('\n');
+}
+
+/// Runs `f` with the report lines this thread emits dropped: the summary
+/// runs the benchmarks for their rows and prints its own tables.
+pub fn muted<T>(f: impl FnOnce() -> T) -> T {
+    struct Unmute(bool);
+    impl Drop for Unmute {
+        fn drop(&mut self) {
+            MUTED.with(|m| m.set(self.0));
+        }
+    }
+    let _unmute = Unmute(MUTED.with(|m| m.replace(true)));
+    f()
 }
 
 /// Writes what [`emit`] printed so far to `path`.
@@ -52,6 +74,10 @@ pub struct Row {
     pub stddev: f64,
     pub median: f64,
     pub samples: usize,
+    /// The median of each interleaved round, in `unit` (empty where the
+    /// benchmark has no such rounds): how far one run of the cell moves
+    /// from the next.
+    pub rounds: Vec<f64>,
 }
 
 impl Row {
@@ -75,6 +101,7 @@ impl Row {
             stddev: s.stddev() / 1e6,
             median: s.median() / 1e6,
             samples: s.rates.len(),
+            rounds: Vec::new(),
         }
     }
 
@@ -84,15 +111,48 @@ impl Row {
     }
 }
 
-pub fn machine_line(cfg: &Config) -> String {
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
+/// The CPU model `/proc/cpuinfo` names, and how many CPUs it lists.
+pub fn cpu_model() -> (String, usize) {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = info
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
         .unwrap_or_else(|| "unknown CPU".into());
+    let listed = info.lines().filter(|l| l.starts_with("processor")).count();
+    (model, listed)
+}
+
+/// The current UTC time as `YYYY-MM-DD HH:MM UTC`.
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    utc_date(secs)
+}
+
+/// `secs` after the Unix epoch as `YYYY-MM-DD HH:MM UTC` (proleptic
+/// Gregorian calendar; H. Hinnant's `civil_from_days`).
+pub fn utc_date(secs: u64) -> String {
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60
+    )
+}
+
+pub fn machine_line(cfg: &Config) -> String {
+    let (model, _) = cpu_model();
     let n = std::thread::available_parallelism().map_or(0, |n| n.get());
     format!(
         "machine: {model}, {n} CPUs available, producers pinned round-robin over CPUs {:?}; {}",
@@ -313,4 +373,15 @@ pub fn loadavg() -> String {
                 .map(|l| format!("load average {l}"))
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_dates() {
+        assert_eq!(super::utc_date(0), "1970-01-01 00:00 UTC");
+        assert_eq!(super::utc_date(951_782_400), "2000-02-29 00:00 UTC");
+        assert_eq!(super::utc_date(1_709_210_096), "2024-02-29 12:34 UTC");
+        assert_eq!(super::utc_date(1_735_689_599), "2024-12-31 23:59 UTC");
+    }
 }
