@@ -32,12 +32,13 @@ run "$base -Zmiri-many-seeds=0..4" --test rcu
 run "$base" --test index -- --skip readers_see_permanent_keys_through_resizes
 # Unit tests of the per-thread state and the recursion guard.
 run "$base" --lib -- per_thread recursion
-for t in hit_cache probe objpool retinst retinst_alloc probe_alloc fuzz_replay; do
+for t in hit_cache probe objpool retinst retinst_alloc probe_alloc fuzz_replay bad_input; do
   [ -f "tests/$t.rs" ] && run "$base" --test "$t"
 done
 # The C ABI called as C would (its pointer handling, tombstones, destroy
 # under concurrent dispatch); the C test program itself cannot run in miri.
 run "$base" -p fprobe-capi --test api
+run "$base" -p fprobe-capi --test bad_input
 # Canaries (tests/canary.rs): deliberate UB miri must report, or it is blind.
 canary() { # canary TEST PATTERN
   local log="${CARGO_TARGET_DIR:-target}/miri-canary-$1.log"

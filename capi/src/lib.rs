@@ -860,7 +860,9 @@ pub unsafe extern "C" fn fprobe_on_exit(
 /// function returns), 0 when it kept nothing (leave the return alone).
 ///
 /// Returns [`FPROBE_OK`], [`FPROBE_E_NULL`] (`r` or `kept`) or
-/// [`FPROBE_E_DESTROYED`] (`*kept` is then 0). Thread-safe; never blocks;
+/// [`FPROBE_E_DESTROYED`]. After an error `*kept` is 0 (when `kept` is not
+/// NULL): nothing was kept, so a trampoline that reads it without checking
+/// the code leaves the return alone. Thread-safe; never blocks;
 /// async-signal-safe as [`fprobe_on_entry`].
 ///
 /// # Safety

@@ -235,6 +235,17 @@ pub struct RegistryBuilder<C> {
 /// Largest `data_size` a registry accepts, in bytes.
 pub const MAX_DATA_SIZE: usize = 4096;
 
+/// Registries built so far in the process: each starts the generations of
+/// its slots in a range of its own (`GENERATIONS_PER_REGISTRY` wide, the
+/// `n`-th registry's at `n mod 2^20` ranges up), so that a handle of one
+/// registry names no probe of another: a foreign handle is `NotFound`
+/// unless one of the two registries' slots was reused more than 2^26
+/// times or 2^20 registries were built in between.
+static REGISTRIES: AtomicU64 = AtomicU64::new(0);
+/// Width of one registry's range of generations (within the 48 bits a
+/// [`ProbeHandle`] keeps).
+const GENERATIONS_PER_REGISTRY: u64 = 1 << 28;
+
 impl<C: Send + Sync + 'static> RegistryBuilder<C> {
     /// Most probes registered at once (1..=65536).
     pub fn max_probes(mut self, n: usize) -> Self {
@@ -318,11 +329,16 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
             None => index,
         }
         .build()?;
+        // Relaxed: a counter that orders nothing.
+        let first = REGISTRIES.fetch_add(1, Ordering::Relaxed) % (1 << 20);
+        // Even: no probe registered; the first registration takes the next
+        // odd generation but one (`register_with_cookies`).
+        let free = state(first * GENERATIONS_PER_REGISTRY, false);
         Ok(Registry {
             index,
             slots: (0..self.max_probes)
                 .map(|_| ProbeSlot {
-                    state: AtomicU64::new(0),
+                    state: AtomicU64::new(free),
                     probe: AtomicPtr::new(std::ptr::null_mut()),
                 })
                 .collect(),
