@@ -787,7 +787,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             Err(_) => {
                 bump(Counter::Panics);
                 bump(Counter::Unrun);
-                panicked::<C>(local, slot_idx, generation);
+                panicked::<C>(counters, local, slot_idx, generation);
             }
         }
         data_at
@@ -950,18 +950,35 @@ fn write_header<const RET: bool>(
 }
 
 /// A handler of the probe in slot `slot` under `generation` panicked
-/// (counted by the caller): keeps and prints its first panic
+/// (counted by the caller in `counters`): keeps and prints its first panic
 /// (`panics.rs`), finding the probe through the thread's state for the
-/// registry (`local`), so that the hot path keeps no registry pointer
-/// alive across the handler's call for it. The caller is inside the
-/// dispatch's section and saw the generation live.
+/// registry, which holds the registry's slots. An outermost dispatch
+/// (`counters` is the outer bank) takes that state from the thread's
+/// context, where it is cached for as long as the dispatch holds the
+/// `DISPATCH` bit, so that its hot path keeps no pointer alive across the
+/// handler's call for this; a nested one passes `local`. The caller is
+/// inside the dispatch's section and saw the generation live.
+#[inline(always)]
+fn panicked<C>(counters: CounterView, local: &ShadowStack, slot: u32, generation: u64) {
+    let local: *const ShadowStack = match counters.is_nested() {
+        true => local,
+        false => crate::context::context().registry_state.get().cast(),
+    };
+    report_panic::<C>(local, slot, generation);
+}
+
+/// [`panicked`] out of line.
 #[cold]
 #[inline(never)]
-fn panicked<C>(local: &ShadowStack, slot: u32, generation: u64) {
-    let slots = local.slots.cast::<super::registry::ProbeSlot<C>>();
-    // SAFETY: `local.slots` is the registry's slot array (`ShadowStack`),
-    // alive as long as the registry, which the caller borrows; `slot` is
-    // below its length (`Attach` invariant, or a frame's copy of it).
+fn report_panic<C>(local: *const ShadowStack, slot: u32, generation: u64) {
+    // SAFETY: the thread's state for the registry of the dispatch that
+    // called `panicked` (the context's cache names it during an outermost
+    // dispatch: `crate::context` invariants), alive as long as the
+    // registry.
+    let slots = unsafe { (*local).slots }.cast::<super::registry::ProbeSlot<C>>();
+    // SAFETY: `slots` is the registry's slot array (`ShadowStack`), alive
+    // as long as the registry, which the caller borrows; `slot` is below
+    // its length (`Attach` invariant, or a frame's copy of it).
     let s = unsafe { &*slots.add(slot as usize) };
     // Acquire: as in `exit_entry`.
     if s.state.load(Ordering::Acquire) >> 1 != generation {
@@ -1004,7 +1021,7 @@ fn run_entry<C>(
             };
             catch_unwind(AssertUnwindSafe(|| entry(&mut ec))).unwrap_or_else(|_| {
                 count(counters, a, Counter::Panics);
-                panicked::<C>(local, a.slot, a.generation);
+                panicked::<C>(counters, local, a.slot, a.generation);
                 EntryAction::SkipExit
             })
         }

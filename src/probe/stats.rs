@@ -196,6 +196,12 @@ pub(super) struct CounterView {
 }
 
 impl CounterView {
+    /// Whether this is the nested bank (a dispatch inside another).
+    #[inline(always)]
+    pub(super) fn is_nested(self) -> bool {
+        self.nested
+    }
+
     /// Adds one to counter `which` of `slot` in this bank: owner only.
     ///
     /// # Safety
