@@ -1181,3 +1181,40 @@ fn degenerate_inputs_are_refused_and_use_nothing() {
     );
     reg.unregister(h).unwrap();
 }
+
+/// A panicking handler is counted on every call and its first message kept
+/// for `first_panic`, for entry and exit handlers alike.
+#[test]
+fn first_panic_of_entry_and_exit_handlers_is_kept() {
+    let reg = Registry::<()>::builder().build().unwrap();
+    let entry = reg
+        .register(
+            Fprobe::builder()
+                .entry(|e| panic!("entry at {:#x}", e.addr))
+                .build(),
+            &[0x10],
+        )
+        .unwrap();
+    let exit = reg
+        .register(
+            Fprobe::builder().exit(|_| panic!("exit handler")).build(),
+            &[0x20],
+        )
+        .unwrap();
+    assert_eq!(reg.first_panic(exit).unwrap(), None);
+    for _ in 0..3 {
+        for a in [0x10, 0x20] {
+            reg.on_entry(a, 0, &());
+            reg.on_exit(0, &());
+        }
+    }
+    assert_eq!(reg.stats(entry).unwrap().panics, 3);
+    assert_eq!(reg.stats(exit).unwrap().panics, 3);
+    let first = reg.first_panic(entry).unwrap().unwrap();
+    assert!(first.starts_with("entry at 0x10"), "{first}");
+    assert!(first.contains("probe.rs"), "where it was raised: {first}");
+    let first = reg.first_panic(exit).unwrap().unwrap();
+    assert!(first.starts_with("exit handler"), "{first}");
+    reg.unregister(entry).unwrap();
+    assert_eq!(reg.first_panic(entry), Err(Error::NotFound));
+}
