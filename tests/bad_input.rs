@@ -84,6 +84,10 @@ const ROWS: &[(&str, &str)] = &[
         "tests/bad_input.rs::row_handler_panic_is_contained_and_counted",
     ),
     (
+        "a handler uses per-call data its probe did not declare",
+        "tests/bad_input.rs::row_undeclared_per_call_data_is_a_contained_panic_reported_once",
+    ),
+    (
         "thread's shadow stack full",
         "tests/bad_input.rs::row_full_shadow_stack_skips_deeper_exits_and_keeps_pairing",
     ),
@@ -1118,6 +1122,44 @@ fn row_unregister_or_drain_that_would_wait_for_itself_panics() {
     let s = reg.stats(h).unwrap();
     assert_eq!((s.hits, s.exits, s.missed.disabled, s.panics), (3, 1, 0, 2));
     assert_eq!(SEEN.load(Ordering::Relaxed), 2);
+    reg.unregister(h).unwrap();
+}
+
+/// Row: "a handler uses per-call data its probe did not declare
+/// (`data_size` 0: `data` is empty)" → a panic (index out of bounds),
+/// contained and counted on every call, its first message kept.
+#[test]
+fn row_undeclared_per_call_data_is_a_contained_panic_reported_once() {
+    let reg = Registry::<()>::builder().build().unwrap();
+    let exits = counter();
+    let ex = exits.clone();
+    let h = reg
+        .register(
+            Fprobe::builder()
+                // No `.data_size(8)`: `e.data` is empty.
+                .entry(|e| {
+                    e.data[..8].copy_from_slice(&e.addr.to_ne_bytes());
+                    EntryAction::Continue
+                })
+                .exit(move |_| {
+                    ex.fetch_add(1, Ordering::Relaxed);
+                })
+                .build(),
+            &[0x10],
+        )
+        .unwrap();
+    for _ in 0..5 {
+        reg.on_entry(0x10, 0, &());
+        reg.on_exit(0, &());
+    }
+    let s = reg.stats(h).unwrap();
+    assert_eq!((s.hits, s.panics, s.exits, s.in_flight), (5, 5, 0, 0));
+    assert_eq!(exits.load(Ordering::Relaxed), 0, "each call's exit skipped");
+    let first = reg
+        .first_panic(h)
+        .unwrap()
+        .expect("the first panic is kept");
+    assert!(first.contains("out of range"), "{first}");
     reg.unregister(h).unwrap();
 }
 
