@@ -1218,3 +1218,32 @@ fn first_panic_of_entry_and_exit_handlers_is_kept() {
     reg.unregister(entry).unwrap();
     assert_eq!(reg.first_panic(entry), Err(Error::NotFound));
 }
+
+/// A hook's own dispatch section: held dispatches run in it (entries and
+/// exits pair as usual), it is a read-side section, a second one cannot
+/// open inside it, and a handler's nested dispatch still nests.
+#[test]
+fn dispatch_sections_held_by_a_hook() {
+    use fprobe::probe::DispatchSection;
+    let reg = Arc::new(Registry::<()>::builder().build().unwrap());
+    let (probe, log) = addr_logging_probe();
+    let h = reg.register(probe, &[0x10, 0x20]).unwrap();
+    {
+        let s = DispatchSection::enter().expect("no dispatch runs");
+        assert!(fprobe::rcu::in_read_section());
+        assert!(DispatchSection::enter().is_none(), "one at a time");
+        reg.on_entry_held(&s, 0x10, 0x500, &());
+        // Nested in the held section: the plain method nests.
+        reg.on_entry(0x20, 0x600, &());
+        reg.on_exit(0x600, &());
+    }
+    assert!(!fprobe::rcu::in_read_section());
+    {
+        let s = DispatchSection::enter_for_exit().unwrap();
+        reg.on_exit_held(&s, 0x500, &());
+    }
+    let st = reg.stats(h).unwrap();
+    assert_eq!((st.hits, st.exits, st.missed.recursion), (1, 1, 1));
+    assert_eq!(*log.lock().unwrap(), vec![(0x10, 0x10, 0x500)]);
+    reg.unregister(h).unwrap();
+}

@@ -38,6 +38,7 @@
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
+use fprobe::probe::DispatchSection;
 use fprobe::rcu;
 
 use crate::{FPROBE_E_BUSY, FPROBE_E_DESTROYED, FPROBE_E_NULL, FPROBE_OK, fprobe_registry};
@@ -120,28 +121,43 @@ pub(crate) fn detach_registry(r: *mut fprobe_registry) {
     let _ = ATTACHED.compare_exchange(r, std::ptr::null_mut(), Ordering::SeqCst, Ordering::SeqCst);
 }
 
-/// Runs `f` with the attached registry, if any. One RCU read section
-/// covers both loads and the dispatch (`on_entry_in`/`on_exit_in` run
-/// inside it instead of entering sections of their own).
+/// The attached registry, if any, loaded inside a read-side section the
+/// caller holds.
 #[inline(always)]
-fn hook(f: impl FnOnce(&crate::Reg, &rcu::ReadGuard)) {
-    // Relaxed: a cheap filter; the pointer used is reloaded below.
-    if ATTACHED.load(Ordering::Relaxed).is_null() {
-        return;
-    }
-    {
-        let guard = rcu::read_lock();
-        // Acquire: pairs with the Release of `fprobe_cyg_attach`.
-        let r = ATTACHED.load(Ordering::Acquire);
-        // SAFETY: an attached handle is live (handles are never freed).
-        if let Some(h) = unsafe { r.as_ref() } {
-            // Acquire: pairs with the Release store of `fprobe_registry_new`.
-            let p = h.inner.load(Ordering::Acquire);
-            // SAFETY: destroy detaches, unpublishes `inner` and waits a
-            // grace period before freeing; this section began before that
-            // grace period could end.
-            if let Some(reg) = unsafe { p.as_ref() } {
-                f(reg, &guard);
+fn attached_registry<'s>() -> Option<&'s crate::Reg> {
+    // Acquire: pairs with the Release of `fprobe_cyg_attach`.
+    let r = ATTACHED.load(Ordering::Acquire);
+    // SAFETY: an attached handle is live (handles are never freed).
+    let h = unsafe { r.as_ref() }?;
+    // Acquire: pairs with the Release store of `fprobe_registry_new`.
+    let p = h.inner.load(Ordering::Acquire);
+    // SAFETY: destroy detaches, unpublishes `inner` and waits a grace
+    // period before freeing; the caller's section began before that grace
+    // period could end, and the reference does not outlive it (`'s`).
+    unsafe { p.as_ref() }
+}
+
+/// Runs the hook's dispatch with the attached registry, if any. One
+/// read-side section covers the registry's loads and the dispatch: the
+/// dispatch's own ([`DispatchSection`]), or, when the hook runs inside
+/// another dispatch (a handler or a signal handler called an instrumented
+/// function), a guard the nested dispatch nests in.
+#[inline(always)]
+fn hook(
+    section: Option<DispatchSection>,
+    held: impl FnOnce(&crate::Reg, &DispatchSection),
+    nested: impl FnOnce(&crate::Reg, &rcu::ReadGuard),
+) {
+    match section {
+        Some(section) => {
+            if let Some(reg) = attached_registry() {
+                held(reg, &section);
+            }
+        }
+        None => {
+            let guard = rcu::read_lock();
+            if let Some(reg) = attached_registry() {
+                nested(reg, &guard);
             }
         }
     }
@@ -155,7 +171,16 @@ fn hook(f: impl FnOnce(&crate::Reg, &rcu::ReadGuard)) {
 /// call site.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __cyg_profile_func_enter(this_fn: *mut c_void, call_site: *mut c_void) {
-    hook(|reg, g| reg.on_entry_in(g, this_fn as u64, call_site as u64, &NO_CTX));
+    // Relaxed: a cheap filter; the pointer used is reloaded in the section.
+    if ATTACHED.load(Ordering::Relaxed).is_null() {
+        return;
+    }
+    let (f, site) = (this_fn as u64, call_site as u64);
+    hook(
+        DispatchSection::enter(),
+        |reg, s| reg.on_entry_held(s, f, site, &NO_CTX),
+        |reg, g| reg.on_entry_in(g, f, site, &NO_CTX),
+    );
 }
 
 /// The `-finstrument-functions` exit hook.
@@ -165,7 +190,16 @@ pub unsafe extern "C" fn __cyg_profile_func_enter(this_fn: *mut c_void, call_sit
 /// As [`__cyg_profile_func_enter`].
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __cyg_profile_func_exit(_this_fn: *mut c_void, call_site: *mut c_void) {
-    hook(|reg, g| reg.on_exit_in(g, call_site as u64, &NO_CTX));
+    // Relaxed: as in the entry hook.
+    if ATTACHED.load(Ordering::Relaxed).is_null() {
+        return;
+    }
+    let site = call_site as u64;
+    hook(
+        DispatchSection::enter_for_exit(),
+        |reg, s| reg.on_exit_held(s, site, &NO_CTX),
+        |reg, g| reg.on_exit_in(g, site, &NO_CTX),
+    );
 }
 
 /// The engine context of hooked calls: NULL.

@@ -177,26 +177,89 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // claimed record of the process-wide domain, never freed.
             let rec = unsafe { &*rec };
             if rcu::begin_dispatch(rec) {
-                if let Some(local) = self.cached_local(c) {
-                    // SAFETY: inside the dispatch's section until
-                    // `end_dispatch`, below.
-                    let attached = unsafe { self.index.get_in_section(addr) };
-                    let kept = self.entry_run::<MARK, RET>(
-                        local,
-                        local.counters.outer(),
-                        attached,
-                        addr,
-                        ret_addr,
-                        sp,
-                        ctx,
-                    );
-                    rec.end_dispatch();
-                    return kept;
-                }
+                let kept = self.entry_outermost::<MARK, RET>(c, addr, ret_addr, sp, ctx);
                 rec.end_dispatch();
+                return kept;
             }
         }
         self.entry_slow::<MARK, RET>(addr, ret_addr, sp, ctx)
+    }
+
+    /// The entry of an outermost dispatch, inside its section (the
+    /// `DISPATCH` bit set by `entry` or by a [`DispatchSection`]).
+    #[inline(always)]
+    fn entry_outermost<const MARK: bool, const RET: bool>(
+        &self,
+        c: &Context,
+        addr: u64,
+        ret_addr: u64,
+        sp: u64,
+        ctx: &C,
+    ) -> bool {
+        let Some(local) = self.cached_local(c) else {
+            return self.entry_outermost_slow::<MARK, RET>(c, addr, ret_addr, sp, ctx);
+        };
+        // SAFETY: inside the dispatch's section (the caller's).
+        let attached = unsafe { self.index.get_in_section(addr) };
+        let counters = local.counters.outer();
+        self.entry_run::<MARK, RET>(local, counters, attached, addr, ret_addr, sp, ctx)
+    }
+
+    /// [`entry_outermost`](Self::entry_outermost) when the state is not
+    /// cached: made, emptied into the current pairing epoch, cached.
+    #[cold]
+    #[inline(never)]
+    fn entry_outermost_slow<const MARK: bool, const RET: bool>(
+        &self,
+        c: &Context,
+        addr: u64,
+        ret_addr: u64,
+        sp: u64,
+        ctx: &C,
+    ) -> bool {
+        match self.local_outermost(c) {
+            None => false,
+            Some(local) if recursion::ignored(c) => {
+                if MARK {
+                    local.push_bare();
+                }
+                false
+            }
+            Some(local) => {
+                // SAFETY: inside the dispatch's section (the caller's).
+                let attached = unsafe { self.index.get_in_section(addr) };
+                let counters = local.counters.outer();
+                self.entry_run::<MARK, RET>(local, counters, attached, addr, ret_addr, sp, ctx)
+            }
+        }
+    }
+
+    /// [`on_entry`](Self::on_entry) inside a [`DispatchSection`] the
+    /// engine's hook opened (and in which it loaded the registry, say):
+    /// the dispatch takes the section as its own instead of nesting one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fprobe::probe::{DispatchSection, EntryAction, Fprobe, Registry};
+    ///
+    /// let registry = Registry::<()>::builder().build().unwrap();
+    /// let probe = Fprobe::builder().entry(|_| EntryAction::Continue).build();
+    /// let h = registry.register(probe, &[0x1000]).unwrap();
+    /// // The engine's hooks:
+    /// match DispatchSection::enter() {
+    ///     Some(section) => registry.on_entry_held(&section, 0x1000, 0, &()),
+    ///     None => registry.on_entry(0x1000, 0, &()), // inside another dispatch
+    /// }
+    /// match DispatchSection::enter_for_exit() {
+    ///     Some(section) => registry.on_exit_held(&section, 0, &()),
+    ///     None => registry.on_exit(0, &()),
+    /// }
+    /// assert_eq!(registry.stats(h).unwrap().hits, 1);
+    /// ```
+    #[inline]
+    pub fn on_entry_held(&self, _section: &DispatchSection, addr: u64, ret_addr: u64, ctx: &C) {
+        self.entry_outermost::<true, false>(context(), addr, ret_addr, 0, ctx);
     }
 
     /// An entry off the fast path: the thread's first dispatch (no record
@@ -217,21 +280,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         let c = context();
         if rcu::begin_dispatch(rec) {
-            let kept = match self.local_outermost(c) {
-                None => false,
-                Some(local) if recursion::ignored(c) => {
-                    if MARK {
-                        local.push_bare();
-                    }
-                    false
-                }
-                Some(local) => {
-                    // SAFETY: inside the dispatch's section.
-                    let attached = unsafe { self.index.get_in_section(addr) };
-                    let counters = local.counters.outer();
-                    self.entry_run::<MARK, RET>(local, counters, attached, addr, ret_addr, sp, ctx)
-                }
-            };
+            let kept = self.entry_outermost_slow::<MARK, RET>(c, addr, ret_addr, sp, ctx);
             rec.end_dispatch();
             return kept;
         }
@@ -469,16 +518,44 @@ impl<C: Send + Sync + 'static> Registry<C> {
             let rec = unsafe { &*rec };
             // The epoch of the entry's section serves (`rcu/raw.rs`).
             if rcu::begin_exit_dispatch(rec) {
-                if let Some(local) = self.cached_local(c) {
-                    let counters = local.counters.outer();
-                    self.exit_pop(local, counters, Ending::Run, ret_addr, ctx);
-                    rec.end_dispatch();
-                    return;
-                }
+                self.exit_outermost(c, ret_addr, ctx);
                 rec.end_dispatch();
+                return;
             }
         }
         self.exit_slow(ret_addr, ctx);
+    }
+
+    /// The exit of an outermost dispatch, inside its section (as
+    /// [`entry_outermost`](Self::entry_outermost)).
+    #[inline(always)]
+    fn exit_outermost(&self, c: &Context, ret_addr: u64, ctx: &C) {
+        let Some(local) = self.cached_local(c) else {
+            return self.exit_outermost_slow(c, ret_addr, ctx);
+        };
+        let counters = local.counters.outer();
+        self.exit_pop(local, counters, Ending::Run, ret_addr, ctx);
+    }
+
+    /// [`exit_outermost`](Self::exit_outermost) when the state is not
+    /// cached.
+    #[cold]
+    #[inline(never)]
+    fn exit_outermost_slow(&self, c: &Context, ret_addr: u64, ctx: &C) {
+        if let Some(local) = self.local_outermost(c) {
+            let ending = match recursion::ignored(c) {
+                true => Ending::Unrun { recursion: false },
+                false => Ending::Run,
+            };
+            self.exit_pop(local, local.counters.outer(), ending, ret_addr, ctx);
+        }
+    }
+
+    /// [`on_exit`](Self::on_exit) inside a [`DispatchSection`] (see
+    /// [`on_entry_held`](Self::on_entry_held)).
+    #[inline]
+    pub fn on_exit_held(&self, _section: &DispatchSection, ret_addr: u64, ctx: &C) {
+        self.exit_outermost(context(), ret_addr, ctx);
     }
 
     /// An exit off the fast path (as [`entry_slow`](Self::entry_slow)).
@@ -490,13 +567,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         let c = context();
         if rcu::begin_exit_dispatch(rec) {
-            if let Some(local) = self.local_outermost(c) {
-                let ending = match recursion::ignored(c) {
-                    true => Ending::Unrun { recursion: false },
-                    false => Ending::Run,
-                };
-                self.exit_pop(local, local.counters.outer(), ending, ret_addr, ctx);
-            }
+            self.exit_outermost_slow(c, ret_addr, ctx);
             rec.end_dispatch();
             return;
         }
@@ -1124,4 +1195,62 @@ pub fn ignore_current_thread(ignore: bool) {
 /// ```
 pub fn in_handler() -> bool {
     recursion::in_handler()
+}
+
+/// An outermost dispatch section opened by an engine's hook, for the
+/// registry's `*_held` dispatches ([`Registry::on_entry_held`],
+/// [`Registry::on_exit_held`]): the read-side section and the mark of a
+/// running dispatch that `on_entry` would otherwise take itself. A hook
+/// that must load its registry under a read-side section (one published
+/// through RCU, as the C ABI's runtimes do) loads it inside this one and
+/// dispatches in it, instead of nesting the dispatch's section in a
+/// guard of its own. While it lives it is a read-side section like
+/// [`rcu::read_lock`]'s: `synchronize` waits for it. Hold it only around
+/// the hook's own dispatches; `!Send`.
+#[must_use = "the section ends when it drops"]
+pub struct DispatchSection {
+    rec: &'static crate::rcu::raw::ReaderRecord,
+    _not_send: std::marker::PhantomData<*mut ()>,
+}
+
+impl DispatchSection {
+    /// Opens the section for an entry; `None` when a dispatch already
+    /// runs on the thread (the hook was called from a handler or a signal
+    /// handler: dispatch with the plain methods, which nest) or while the
+    /// thread's thread-locals are being destroyed.
+    #[inline]
+    pub fn enter() -> Option<Self> {
+        let rec = rcu::thread_record()?;
+        // `then`, not `then_some`: a section made eagerly would be dropped
+        // (ending a dispatch this call did not begin) on `false`.
+        rcu::begin_dispatch(rec).then(|| Self {
+            rec,
+            _not_send: std::marker::PhantomData,
+        })
+    }
+
+    /// As [`enter`](Self::enter), for an exit: keeps the epoch of the
+    /// thread's last section (its entry's) rather than loading it.
+    #[inline]
+    pub fn enter_for_exit() -> Option<Self> {
+        let rec = rcu::thread_record()?;
+        // As in `enter`.
+        rcu::begin_exit_dispatch(rec).then(|| Self {
+            rec,
+            _not_send: std::marker::PhantomData,
+        })
+    }
+}
+
+impl Drop for DispatchSection {
+    #[inline]
+    fn drop(&mut self) {
+        self.rec.end_dispatch();
+    }
+}
+
+impl std::fmt::Debug for DispatchSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DispatchSection").finish_non_exhaustive()
+    }
 }
