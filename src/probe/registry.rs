@@ -50,8 +50,9 @@ pub struct ProbeHandle {
 
 impl ProbeHandle {
     /// The handle as one non-zero integer, for FFI: the slot in the low 16
-    /// bits, the generation above (a slot's generation would need 2^47
-    /// register/unregister cycles to overflow the 48 bits).
+    /// bits, the generation above (a slot's generation stays within the 48
+    /// bits for at least 2^31 register/unregister cycles: each registry's
+    /// generations start in a range of their own, 2^32 wide).
     pub fn to_bits(self) -> u64 {
         (self.generation << 16) | u64::from(self.slot)
     }
@@ -237,14 +238,15 @@ pub const MAX_DATA_SIZE: usize = 4096;
 
 /// Registries built so far in the process: each starts the generations of
 /// its slots in a range of its own (`GENERATIONS_PER_REGISTRY` wide, the
-/// `n`-th registry's at `n mod 2^20` ranges up), so that a handle of one
+/// `n`-th registry's at `n mod 2^16` ranges up), so that a handle of one
 /// registry names no probe of another: a foreign handle is `NotFound`
-/// unless one of the two registries' slots was reused more than 2^26
-/// times or 2^20 registries were built in between.
+/// unless one of the two registries' slots was reused more than 2^30
+/// times or 65,536 registries were built in between.
 static REGISTRIES: AtomicU64 = AtomicU64::new(0);
-/// Width of one registry's range of generations (within the 48 bits a
-/// [`ProbeHandle`] keeps).
-const GENERATIONS_PER_REGISTRY: u64 = 1 << 28;
+/// Width of one registry's range of generations: 2^16 ranges fill the 48
+/// bits a [`ProbeHandle`] keeps, and a slot's generation stays inside them
+/// for 2^31 register/unregister cycles from the last range's start.
+const GENERATIONS_PER_REGISTRY: u64 = 1 << 32;
 
 impl<C: Send + Sync + 'static> RegistryBuilder<C> {
     /// Most probes registered at once (1..=65536).
@@ -330,7 +332,7 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
         }
         .build()?;
         // Relaxed: a counter that orders nothing.
-        let first = REGISTRIES.fetch_add(1, Ordering::Relaxed) % (1 << 20);
+        let first = REGISTRIES.fetch_add(1, Ordering::Relaxed) % (1 << 16);
         // Even: no probe registered; the first registration takes the next
         // odd generation but one (`register_with_cookies`).
         let free = state(first * GENERATIONS_PER_REGISTRY, false);
