@@ -99,10 +99,11 @@ pub(super) struct ProbeSlot<C> {
     pub(super) state: AtomicU64,
     /// The registered probe (`Box::into_raw`), for entry and exit dispatch.
     /// Set before the generation is published; taken and dropped by
-    /// `unregister` after its waits (module docs). So a dispatcher that
-    /// loaded the state with the generation it expects, inside a read-side
-    /// section (entries) or an ordered dispatch count (exits), finds the
-    /// probe here, alive until it leaves the section or ends.
+    /// `unregister` after its grace period (module docs). So a dispatcher
+    /// that loaded the state with the generation it expects, inside its
+    /// read-side section, finds the probe here, alive until it leaves the
+    /// section; or null, when a failed registration took it back (without
+    /// a grace period: it is parked, not freed).
     pub(super) probe: AtomicPtr<Fprobe<C>>,
 }
 
