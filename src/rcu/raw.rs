@@ -143,7 +143,7 @@ impl ReaderRecord {
             if v & GUARD_MASK == GUARD_MASK {
                 nesting_overflow();
             }
-            // Release: as for the outermost store in `enter_outermost`.
+            // Release: as for the outermost store in `open_outermost`.
             self.ctr.store(v + 1, Ordering::Release);
         }
     }
@@ -156,11 +156,18 @@ impl ReaderRecord {
         // `synchronize`; a reader that sees that epoch sees everything
         // the updater stored before calling `synchronize`.
         let g = gp.load(Ordering::Acquire);
+        self.open_outermost(g + extra);
+    }
+
+    /// Stores `word` (active, carrying the domain's mode bit) as the
+    /// outermost section's, and orders it before the section's loads.
+    #[inline(always)]
+    fn open_outermost(&self, word: u64) {
         if cfg!(fprobe_tsan) {
             // ThreadSanitizer build: the store and the fence below as
             // one SeqCst RMW, which TSan tracks (module docs); pairs with
             // the `fetch_add(0)` in `Domain::heavy_barrier`.
-            self.ctr.swap(g + extra, Ordering::SeqCst);
+            self.ctr.swap(word, Ordering::SeqCst);
             return;
         }
         // Release (a plain store on x86): a grace period that skips this
@@ -169,8 +176,8 @@ impl ReaderRecord {
         // sequences no longer extend over later plain stores of the same
         // thread, so the exit store's Release alone would not carry that
         // edge (miri reported the race).
-        self.ctr.store(g + extra, Ordering::Release);
-        order_section(g);
+        self.ctr.store(word, Ordering::Release);
+        order_section(word);
     }
 
     /// Starts a dispatch of the probe layer: a read-side section that also
@@ -205,14 +212,7 @@ impl ReaderRecord {
     pub(crate) fn begin_dispatch_keeping_epoch(&self) -> bool {
         let v = self.ctr.load(Ordering::Relaxed);
         if v & NEST_MASK == 0 {
-            if cfg!(fprobe_tsan) {
-                // As in `enter_outermost`.
-                self.ctr.swap(v + DISPATCH, Ordering::SeqCst);
-                return true;
-            }
-            // Release: as in `enter_outermost`.
-            self.ctr.store(v + DISPATCH, Ordering::Release);
-            order_section(v);
+            self.open_outermost(v + DISPATCH);
             return true;
         }
         self.begin_dispatch_in_section(v)
@@ -226,7 +226,7 @@ impl ReaderRecord {
         if v & DISPATCH != 0 {
             return false;
         }
-        // Release: as in `enter_outermost`.
+        // Release: as in `open_outermost`.
         self.ctr.store(v + DISPATCH, Ordering::Release);
         true
     }
@@ -287,7 +287,8 @@ impl ReaderRecord {
 }
 
 /// The fence after an outermost section's `ctr` store, whose value `w`
-/// carries the domain's mode: none at all in the canary build; a `SeqCst`
+/// carries the domain's mode (the nesting bits added to it leave the mode
+/// bit alone): none at all in the canary build; a `SeqCst`
 /// fence in symmetric mode (pairs with the SeqCst fence in
 /// `Domain::heavy_barrier`: store buffering, our `ctr` store against the
 /// updater's stores); else a compiler fence (pairs with `membarrier(2)` in
