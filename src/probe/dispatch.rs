@@ -583,17 +583,18 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let counters = local.counters.nested();
         match recursion::enter_nested() {
             Entered::Run(level) => {
-                self.exit_pop(local, counters, Ending::Run, ret_addr, ctx);
+                self.exit_pop_frame(local, counters, Ending::Run, ret_addr, ctx);
                 drop(level);
             }
             entered => {
                 let recursion = matches!(entered, Entered::Recursion);
-                self.exit_pop(local, counters, Ending::Unrun { recursion }, ret_addr, ctx);
+                self.exit_pop_frame(local, counters, Ending::Unrun { recursion }, ret_addr, ctx);
             }
         }
     }
 
-    /// Pops a plain exit and ends its frame as `ending` says.
+    /// Pops a plain exit: a bare call, or a frame it ends as `ending`
+    /// says.
     #[inline(always)]
     fn exit_pop(
         &self,
@@ -603,9 +604,21 @@ impl<C: Send + Sync + 'static> Registry<C> {
         ret_addr: u64,
         ctx: &C,
     ) {
-        if local.pop_bare() {
-            return;
+        if !local.pop_bare() {
+            self.exit_pop_frame(local, counters, ending, ret_addr, ctx);
         }
+    }
+
+    /// [`exit_pop`](Self::exit_pop) once no bare call is left to end.
+    #[inline(always)]
+    fn exit_pop_frame(
+        &self,
+        local: &ShadowStack,
+        counters: CounterView,
+        ending: Ending,
+        ret_addr: u64,
+        ctx: &C,
+    ) {
         let Some((t, n)) = local.pop_frame() else {
             return;
         };
@@ -804,9 +817,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // slot count, `Attach` invariant) into a frame nothing else writes
         // (shadow.rs: `top` covers every word in use).
         let slot = unsafe { self.slots.get_unchecked(slot_idx as usize) };
-        // Acquire: pairs with the Release state store of
-        // `register_with_cookies`; the probe pointer is visible.
-        if slot.state.load(Ordering::Acquire) >> 1 != generation {
+        if !slot.holds(generation) {
             // Unregistered since the entry: its counts are gone with it
             // (an `Unrun` here would land on the slot's next probe).
             return data_at;
@@ -817,7 +828,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // dispatch's.
             unsafe { counters.bump(slot_idx, which) }
         };
-        // Relaxed: ordered by the Acquire above.
+        // Relaxed: ordered by the Acquire of `holds`.
         let fp = slot.probe.load(Ordering::Relaxed);
         // SAFETY: the generation matched inside this dispatch's read-side
         // section, so `unregister` (which changes the generation, then
@@ -886,11 +897,11 @@ impl<C: Send + Sync + 'static> Registry<C> {
             let generation = w.read(p - 2);
             let (slot_idx, dw) = (meta as u32, (meta >> 32) as usize);
             p -= 3 + dw;
-            let Some(slot) = self.slots.get(slot_idx as usize) else {
-                continue;
-            };
-            // Acquire: as in `exit_entry`.
-            if slot.state.load(Ordering::Acquire) >> 1 != generation {
+            if !self
+                .slots
+                .get(slot_idx as usize)
+                .is_some_and(|s| s.holds(generation))
+            {
                 continue;
             }
             // SAFETY: `slot_idx` indexes `self.slots` (checked above); the
@@ -919,11 +930,11 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let keep = epoch.map_or(BOTTOM, |_| local.kept_by_reset());
         let counters = local.counters.outer();
         local.each_return_entry(keep, |slot_idx, generation| {
-            let Some(slot) = self.slots.get(slot_idx as usize) else {
-                return;
-            };
-            // Acquire: as in `exit_entry`.
-            if slot.state.load(Ordering::Acquire) >> 1 == generation {
+            if self
+                .slots
+                .get(slot_idx as usize)
+                .is_some_and(|s| s.holds(generation))
+            {
                 // SAFETY: `slot_idx` indexes `self.slots` (checked); the
                 // outer bank, by an outermost dispatch.
                 unsafe { counters.bump(slot_idx, Counter::Unrun) };
@@ -1051,15 +1062,9 @@ fn report_panic<C>(local: *const ShadowStack, slot: u32, generation: u64) {
     // as long as the registry, which the caller borrows; `slot` is below
     // its length (`Attach` invariant, or a frame's copy of it).
     let s = unsafe { &*slots.add(slot as usize) };
-    // Acquire: as in `exit_entry`.
-    if s.state.load(Ordering::Acquire) >> 1 != generation {
-        return;
-    }
-    // Relaxed: ordered by the Acquire above.
-    let p = s.probe.load(Ordering::Relaxed);
-    // SAFETY: the generation matched inside the caller's read-side
-    // section: `unregister` frees the probe only after a grace period.
-    if let Some(p) = unsafe { p.as_ref() } {
+    // SAFETY: the caller is inside the dispatch's section, and the
+    // reference lives only in this call.
+    if let Some(p) = unsafe { s.probe_of(generation) } {
         // The handle's bits (`ProbeHandle::to_bits`).
         let name = format!("probe {:#x}", generation << 16 | u64::from(slot));
         p.first_panic.caught(&name);

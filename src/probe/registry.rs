@@ -107,6 +107,36 @@ pub(super) struct ProbeSlot<C> {
     pub(super) probe: AtomicPtr<Fprobe<C>>,
 }
 
+impl<C> ProbeSlot<C> {
+    /// Whether the slot holds the probe of `generation`, enabled or not.
+    #[inline(always)]
+    pub(super) fn holds(&self, generation: u64) -> bool {
+        // Acquire: pairs with the Release state store of
+        // `register_with_cookies`; the probe pointer is visible.
+        self.state.load(Ordering::Acquire) >> 1 == generation
+    }
+
+    /// The probe of `generation`, if the slot holds it; `None` also when a
+    /// failed registration took it back.
+    ///
+    /// # Safety
+    ///
+    /// The caller is inside a read-side section for as long as the
+    /// reference lives: `unregister` frees the probe only after a grace
+    /// period that began once the generation was dead.
+    #[inline(always)]
+    pub(super) unsafe fn probe_of(&self, generation: u64) -> Option<&Fprobe<C>> {
+        if !self.holds(generation) {
+            return None;
+        }
+        // Relaxed: ordered by the Acquire of `holds`.
+        let p = self.probe.load(Ordering::Relaxed);
+        // SAFETY: the generation matched inside the caller's section (the
+        // contract above).
+        unsafe { p.as_ref() }
+    }
+}
+
 /// Registration bookkeeping, under the registry mutex.
 /// Where a registered probe is in the index, to take it out again.
 #[derive(Clone, Default)]
@@ -733,28 +763,16 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // handler's dispatch meanwhile then neither forgets the frames nor
         // writes below `top`. Frames of an older pairing epoch are
         // forgotten first (their `Unrun`s before the sum is read).
-        let own = self.in_dispatch(|local| {
+        let own = super::DispatchSection::enter().and_then(|_section| {
+            let local = self.local_outermost(crate::context::context())?;
             let mut own = 0;
             local.each_return_entry(super::shadow::BOTTOM, |slot, generation| {
                 own += u64::from(slot == h.slot && generation == h.generation);
             });
-            own
+            Some(own)
         });
         let total = self.stats(h)?.in_flight;
         Ok(total.saturating_sub(own.unwrap_or(0)))
-    }
-
-    /// Runs `f` on the thread's state inside an outermost dispatch (the
-    /// caller is inside none); `None` while the thread's thread-locals are
-    /// being destroyed.
-    fn in_dispatch<R>(&self, f: impl FnOnce(&ShadowStack) -> R) -> Option<R> {
-        let rec = rcu::thread_record()?;
-        if !rcu::begin_dispatch(rec) {
-            return None;
-        }
-        let r = self.local_outermost(crate::context::context()).map(f);
-        rec.end_dispatch();
-        r
     }
 
     /// The message of the first panic of the probe's handlers (where it
@@ -784,18 +802,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// ```
     pub fn first_panic(&self, h: ProbeHandle) -> Result<Option<String>, Error> {
         let _section = rcu::read_lock();
-        let s = self.slots.get(h.slot as usize).ok_or(Error::NotFound)?;
-        // Acquire: pairs with the Release state store of
-        // `register_with_cookies`; the probe pointer is visible.
-        if s.state.load(Ordering::Acquire) >> 1 != h.generation || h.generation & 1 == 0 {
-            return Err(Error::NotFound);
-        }
-        // Relaxed: ordered by the Acquire above.
-        let p = s.probe.load(Ordering::Relaxed);
-        // SAFETY: the generation was live inside this read-side section,
-        // so `unregister` has not passed the grace period after which it
-        // frees the probe.
-        let p = unsafe { p.as_ref() }.ok_or(Error::NotFound)?;
+        let s = self.live_slot(h)?;
+        // SAFETY: inside `_section`, which the reference does not outlive.
+        let p = unsafe { s.probe_of(h.generation) }.ok_or(Error::NotFound)?;
         Ok(p.first_panic.get())
     }
 
