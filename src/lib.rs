@@ -61,7 +61,6 @@ pub(crate) mod sync;
 
 pub mod cache;
 mod context;
-mod cpu;
 mod error;
 pub mod index;
 pub mod objpool;
@@ -69,6 +68,7 @@ mod per_thread;
 pub mod probe;
 pub mod rcu;
 pub mod retinst;
+mod sys;
 
 pub use cache::{HitCache, HitCacheConfig, HitCacheMode, HitCacheStats};
 pub use error::{Error, InsertError, InsertManyError};

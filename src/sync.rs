@@ -9,7 +9,8 @@
 //! Three build flavours:
 //!
 //! * normal builds: `std` atomics; the RCU read side uses a compiler fence
-//!   and the writer side `membarrier(2)` when the kernel offers it;
+//!   and the writer side the process-wide barrier where the system offers
+//!   one (`membarrier(2)`, `FlushProcessWriteBuffers`: `sys::barrier`);
 //! * `cfg(miri)`: `std` atomics, but [`ASYMMETRIC_FENCES`] is `false`, so the
 //!   read side issues real `SeqCst` fences (miri cannot model `membarrier`);
 //! * `cfg(loom)`: loom's atomics, cells and mutexes, and again real fences
@@ -49,9 +50,9 @@ pub(crate) fn compiler_fence(order: Ordering) {
 }
 
 /// Whether the RCU may use asymmetric fences (compiler fence on the read
-/// side, `membarrier(2)` on the writer side). `false` under loom, miri and
-/// ThreadSanitizer (`fprobe_tsan`), which model neither; the run-time check
-/// for kernel support is separate (see `rcu::membarrier`).
+/// side, the process-wide barrier on the writer side). `false` under loom,
+/// miri and ThreadSanitizer (`fprobe_tsan`), which model neither; the
+/// run-time check for system support is separate (see `sys::barrier`).
 pub(crate) const ASYMMETRIC_FENCES: bool = !cfg!(any(loom, miri, fprobe_tsan));
 
 /// A cell whose accesses go through closures, so loom can track them.

@@ -183,10 +183,10 @@ use std::cell::Cell;
 mod rearm;
 pub(crate) use rearm::{ARMED, Arm};
 
-use crate::cpu::CpuSource;
 use crate::per_thread::{CacheSlot, PerThread};
 use crate::sync::unmodelled::{self, AtomicU64};
 use crate::sync::{CachePadded, Ordering, compiler_fence, fence};
+use crate::sys::cpu::CpuSource;
 
 /// Configuration of the recent-hit cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -873,12 +873,10 @@ impl<A: Answer> HitCache<A> {
             locals: PerThread::new(),
             generation: CachePadded(unmodelled::AtomicU64::new(0)),
             per_cpu: if config.per_cpu {
-                crate::cpu::source().map(|source| {
+                crate::sys::cpu::source().map(|source| {
                     // CPU numbers up to the configured count (hot-plug
                     // included); a larger one wraps, which is only slower.
-                    // SAFETY: no preconditions.
-                    let conf = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
-                    let cpus = usize::try_from(conf)
+                    let cpus = crate::sys::cpu::count()
                         .unwrap_or(1)
                         .max(1)
                         .next_power_of_two();

@@ -200,9 +200,8 @@ fn install_fork_handler() {
                 // Relaxed: see `generation`.
                 GENERATION.fetch_add(1, Ordering::Relaxed);
             }
-            // SAFETY: registers a function of the process's lifetime; the
-            // handler only increments an atomic (async-signal-safe).
-            unsafe { libc::pthread_atfork(None, None, Some(child)) };
+            // The handler only increments an atomic (async-signal-safe).
+            let _ = crate::sys::fork::on_fork_child(child);
         }
     });
 }
@@ -288,45 +287,10 @@ fn rearm(arm: &Arm) {
 fn wake() {
     // Release: pairs with the agent's Acquire load of `WAKE`.
     WAKE.fetch_add(1, Ordering::Release);
-    #[cfg(all(target_os = "linux", target_pointer_width = "64", not(miri)))]
-    // SAFETY: FUTEX_WAKE on a static word; no other memory is passed.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            WAKE.as_ptr(),
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            1,
-        );
-    }
+    crate::sys::wait::wake_one(&WAKE);
 }
 
 /// Sleeps while `WAKE` holds `seen`, at most `timeout` (forever if none).
 fn sleep_while(seen: u32, timeout: Option<Duration>) {
-    // 64-bit Linux: `SYS_futex` takes this `timespec` (32-bit targets may
-    // define a 64-bit `time_t` that it does not).
-    #[cfg(all(target_os = "linux", target_pointer_width = "64", not(miri)))]
-    {
-        let ts = timeout.map(|t| libc::timespec {
-            tv_sec: t.as_secs() as libc::time_t,
-            tv_nsec: libc::c_long::from(t.subsec_nanos() as i32),
-        });
-        let tsp = ts.as_ref().map_or(ptr::null(), ptr::from_ref);
-        // SAFETY: FUTEX_WAIT on a static word with a timespec that outlives
-        // the call (or none). A spurious return only rescans.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                WAKE.as_ptr(),
-                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                seen,
-                tsp,
-            );
-        }
-    }
-    #[cfg(not(all(target_os = "linux", target_pointer_width = "64", not(miri))))]
-    {
-        // miri has no futex through `syscall` (nor do other systems): poll.
-        let _ = seen;
-        std::thread::sleep(timeout.unwrap_or(BASE).min(BASE));
-    }
+    crate::sys::wait::wait(&WAKE, seen, timeout, BASE);
 }

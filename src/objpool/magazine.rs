@@ -26,7 +26,9 @@
 //! `claim` comes after the barrier and sees the claim (the owner backs
 //! off), or the owner's section ended before the barrier (the claimer's
 //! Acquire load of `busy = 0` sees everything it did). Both may back off;
-//! they can never both proceed. Without `membarrier(2)` (old kernels,
+//! they can never both proceed. (`FlushProcessWriteBuffers` on Windows
+//! gives the same guarantee: `rcu`, "Writer-side barrier".) Without a
+//! process-wide barrier (macOS, FreeBSD, old kernels,
 //! `FPROBE_RCU_NO_MEMBARRIER`, miri, loom, ThreadSanitizer) both sides run
 //! a `SeqCst` fence instead; the mode is the RCU domain's, fixed for the
 //! process (`rcu::asymmetric_fences`).

@@ -67,26 +67,7 @@ type Mask = u64;
 
 /// The calling thread's signal mask, if it can be read.
 fn current_mask() -> Option<Mask> {
-    #[cfg(all(target_os = "linux", not(miri)))]
-    {
-        let mut set: Mask = 0;
-        // SAFETY: reads the mask into `set` (8 bytes, the kernel's sigset
-        // size on Linux); `how` is ignored with a null new set.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_rt_sigprocmask,
-                libc::SIG_BLOCK,
-                std::ptr::null::<Mask>(),
-                &mut set as *mut Mask,
-                std::mem::size_of::<Mask>(),
-            )
-        };
-        (rc == 0).then_some(set)
-    }
-    #[cfg(not(all(target_os = "linux", not(miri))))]
-    {
-        None
-    }
+    crate::sys::signal::blocked()
 }
 
 /// Reads level 0's mask once per thread: called on a thread's first

@@ -2,7 +2,9 @@
 //! read-modify-write and no fence, grace periods, and deferred reclamation.
 //!
 //! The flavour is liburcu's "memb": readers touch only a thread-local word
-//! and run no fence, and writers pay with `membarrier(2)`. It is hand-written
+//! and run no fence, and writers pay with a process-wide barrier
+//! (`membarrier(2)` on Linux; see "Writer-side barrier" below for every
+//! platform). It is hand-written
 //! rather than taken from crossbeam-epoch, seize or arc-swap because their
 //! read guards cost an atomic read-modify-write or a `SeqCst` fence per pin
 //! (several times this read side: `BENCHMARKS.md`, "RCU read side"), and
@@ -64,8 +66,42 @@
 //! end, which is the only sound choice (the leaked guard's references may
 //! still be in use elsewhere).
 //!
+//! # Writer-side barrier
+//!
+//! A reader orders its record store before the section's loads with a
+//! compiler fence only; the full fence that store-buffering needs on the
+//! reader's side is run for it by the writer, on every CPU that runs a
+//! thread of the process (`raw`, "The protocol"). Each platform gets the
+//! best such barrier it has (`sys::barrier`):
+//!
+//! | platform | writer side | reader side |
+//! |---|---|---|
+//! | Linux ≥ 4.14 | `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` | compiler fence |
+//! | Windows | `FlushProcessWriteBuffers` | compiler fence |
+//! | macOS, FreeBSD, Linux without `membarrier`, `FPROBE_RCU_NO_MEMBARRIER` set | `SeqCst` fence | `SeqCst` fence |
+//!
+//! * `membarrier(2)` interrupts (IPI) every CPU currently running a thread
+//!   of the process and has it execute a full memory barrier before the
+//!   call returns; a thread not running then passes a barrier at its next
+//!   context switch, before it runs again. Every reader has therefore had a
+//!   full fence between its record store and its later loads, or before
+//!   its record store, by the time the writer scans: as if it had run the
+//!   fence itself.
+//! * `FlushProcessWriteBuffers` gives the same guarantee: it flushes the
+//!   write buffers of every processor running a thread of the process, by
+//!   IPI, and returns once each has done so (a full barrier on each; a
+//!   thread not running passes one at its context switch).
+//! * Where the system has neither (macOS, FreeBSD), readers pay one
+//!   `SeqCst` fence per outermost section and the writer runs one where it
+//!   would have called the barrier: with a full fence on both sides of the
+//!   store-buffering pattern, either the writer's scan sees the reader's
+//!   record store or the reader's loads see the writer's earlier stores,
+//!   which is all a grace period needs. The mode is carried in the word
+//!   readers load anyway, so the fence costs only itself.
+//!
 //! # Fork
 //!
+//! (Unix; Windows has no `fork`.)
 //! In the child of `fork`, only the forking thread exists. A `pthread_atfork`
 //! child handler marks every other thread's record quiescent, releases the
 //! grace-period lock if a parent thread held it, and starts the deferred
@@ -81,8 +117,6 @@
 //! side", compares it with crossbeam-epoch, seize and arc-swap in the same
 //! run.
 
-#[cfg(not(any(loom, miri)))]
-mod membarrier;
 mod ptr;
 pub(crate) mod raw;
 #[cfg(not(loom))]
@@ -153,7 +187,7 @@ fn domain() -> &'static Domain {
 fn init() {
     INIT.call_once(|| {
         #[cfg(not(miri))]
-        let asymmetric = crate::sync::ASYMMETRIC_FENCES && membarrier::register();
+        let asymmetric = crate::sync::ASYMMETRIC_FENCES && crate::sys::barrier::register();
         #[cfg(miri)]
         let asymmetric = false;
         let mode = if asymmetric {
@@ -170,7 +204,8 @@ fn init() {
 fn init() {}
 
 /// Whether the process-wide domain uses asymmetric fences (compiler fence
-/// on the fast side, `membarrier(2)` on the slow side); initialises the
+/// on the fast side, the process-wide barrier on the slow side: module
+/// docs, "Writer-side barrier"); initialises the
 /// domain. Other store-buffering handshakes of the crate (the object pool's
 /// per-thread caches) follow the same mode, so that one registration and
 /// one fallback serve the whole crate.
@@ -180,7 +215,7 @@ pub(crate) fn asymmetric_fences() -> bool {
     DOMAIN.mode() == FenceMode::Asymmetric
 }
 
-/// Under loom there is no `membarrier(2)`: symmetric fences.
+/// Under loom there is no process-wide barrier: symmetric fences.
 #[cfg(loom)]
 pub(crate) fn asymmetric_fences() -> bool {
     false
@@ -188,12 +223,13 @@ pub(crate) fn asymmetric_fences() -> bool {
 
 /// The slow side of a store-buffering handshake whose fast side ran a
 /// compiler fence (`asymmetric`, as [`asymmetric_fences`] returned) or a
-/// `SeqCst` fence: `membarrier(2)`, which runs a full fence on every CPU
-/// that runs a thread of the process, or a `SeqCst` fence.
+/// `SeqCst` fence: the process-wide barrier (`membarrier(2)`,
+/// `FlushProcessWriteBuffers`), which runs a full fence on every CPU that
+/// runs a thread of the process, or a `SeqCst` fence.
 pub(crate) fn heavy_barrier(asymmetric: bool) {
     #[cfg(not(any(loom, miri)))]
     if asymmetric {
-        membarrier::barrier();
+        crate::sys::barrier::barrier();
         return;
     }
     let _ = asymmetric;
@@ -207,10 +243,7 @@ fn install_fork_handler() {
         DOMAIN.after_fork_child(me);
         reclaim::after_fork_child();
     }
-    // SAFETY: `child` is an `extern "C" fn()` that stays valid for the life
-    // of the process; pthread_atfork only stores the pointers.
-    let rc = unsafe { libc::pthread_atfork(None, None, Some(child)) };
-    if rc != 0 {
+    if let Err(rc) = crate::sys::fork::on_fork_child(child) {
         eprintln!(
             "fprobe::rcu: pthread_atfork failed ({rc}); RCU is not fork-safe in this process"
         );
@@ -271,7 +304,8 @@ impl std::fmt::Debug for ReadGuard {
 ///
 /// Costs one thread-local load, two loads and one store to the thread's own
 /// cache line, and a compiler fence: no atomic read-modify-write, no memory
-/// fence (unless the kernel lacks `membarrier(2)`), no shared-memory write.
+/// fence (unless the system lacks a process-wide barrier: module docs,
+/// "Writer-side barrier"), no shared-memory write.
 ///
 /// The first call on a thread registers it (lock-free; allocates a record
 /// once per concurrently live thread).
@@ -396,7 +430,8 @@ pub fn in_read_section() -> bool {
 /// that was running when it was called has ended.
 ///
 /// Blocks (polling readers' words with spin, yield, then short sleeps);
-/// callers are serialised. Costs one `membarrier(2)` plus the wait.
+/// callers are serialised. Costs one process-wide barrier
+/// (`membarrier(2)`, `FlushProcessWriteBuffers`) plus the wait.
 ///
 /// # Panics
 ///
@@ -580,7 +615,9 @@ pub struct RcuStats {
     pub records: usize,
     /// Records claimed by live threads now.
     pub records_in_use: usize,
-    /// Whether readers rely on `membarrier(2)` (asymmetric fences).
+    /// Whether readers rely on the process-wide barrier (asymmetric
+    /// fences): `membarrier(2)` on Linux, `FlushProcessWriteBuffers` on
+    /// Windows; `false` where readers run `SeqCst` fences.
     pub membarrier: bool,
 }
 

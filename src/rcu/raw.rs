@@ -33,12 +33,14 @@
 //! leaves the word exactly as it found it: the read side is async-signal-safe.
 //!
 //! * **synchronize** (serialised by `gp_lock`):
-//!   1. `heavy_barrier()`: `membarrier(PRIVATE_EXPEDITED)` or a `SeqCst` fence.
+//!   1. `heavy_barrier()`: the process-wide barrier (`membarrier(PRIVATE_EXPEDITED)`
+//!      on Linux, `FlushProcessWriteBuffers` on Windows: `sys::barrier`) or
+//!      a `SeqCst` fence.
 //!      Pairs with the fence at *enter*: for every reader, either its `ctr`
 //!      store is visible to the scan below, or every load it makes after
 //!      *enter* sees the updater's stores made before `synchronize` (the
 //!      store-buffering pattern, forbidden with a fence on both sides;
-//!      `membarrier` runs that fence on the reader's CPU by IPI).
+//!      the process-wide barrier runs that fence on the reader's CPU by IPI).
 //!   2. `gp += 1 epoch`, a `Release` store; readers load `gp` with `Acquire`,
 //!      so a reader that sees the new epoch also sees every store the updater
 //!      made before `synchronize`: such a reader cannot hold an old pointer,
@@ -97,9 +99,11 @@ pub(crate) const EPOCH_ONE: u64 = 1 << NEST_BITS;
 /// How a domain orders readers against `synchronize`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum FenceMode {
-    /// Compiler fence on the read side, `membarrier(2)` in `synchronize`.
+    /// Compiler fence on the read side, the process-wide barrier
+    /// (`membarrier(2)`, `FlushProcessWriteBuffers`) in `synchronize`.
     Asymmetric,
-    /// `SeqCst` fences on both sides (no membarrier, loom, miri).
+    /// `SeqCst` fences on both sides (no process-wide barrier: macOS,
+    /// FreeBSD, old kernels; loom, miri).
     Symmetric,
 }
 
@@ -291,7 +295,8 @@ impl ReaderRecord {
 /// bit alone): none at all in the canary build; a `SeqCst`
 /// fence in symmetric mode (pairs with the SeqCst fence in
 /// `Domain::heavy_barrier`: store buffering, our `ctr` store against the
-/// updater's stores); else a compiler fence (pairs with `membarrier(2)` in
+/// updater's stores); else a compiler fence (pairs with the process-wide
+/// barrier, `membarrier(2)` or `FlushProcessWriteBuffers`, in
 /// `Domain::heavy_barrier`, which runs a full fence on this CPU; the
 /// compiler must not move the section's loads above the `ctr` store).
 #[inline(always)]
@@ -444,8 +449,8 @@ impl Domain {
             FenceMode::Symmetric => fence(Ordering::SeqCst),
             FenceMode::Asymmetric => {
                 #[cfg(not(any(loom, miri)))]
-                super::membarrier::barrier();
-                // miri and loom cannot model membarrier(2): the full fence
+                crate::sys::barrier::barrier();
+                // miri and loom cannot model the barrier: the full fence
                 // it would run, here.
                 #[cfg(any(loom, miri))]
                 fence(Ordering::SeqCst);

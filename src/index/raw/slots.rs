@@ -233,8 +233,7 @@ fn map_huge(bytes: usize) -> Option<(NonNull<u8>, usize)> {
     // The real page size (4 KiB on x86-64; 16 or 64 KiB on some arm64
     // kernels): `munmap` needs page-aligned starts, so the trimmed ends and
     // the length kept for `Drop` are multiples of it.
-    // SAFETY: `sysconf` reads a system constant.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
+    let page = crate::sys::page_size()?;
     if !page.is_power_of_two() || page > HUGE {
         return None;
     }

@@ -1,14 +1,31 @@
 //! The number of the CPU the calling thread runs on, cheaply: the per-CPU
 //! hit cache picks its shard with it on every lookup, and the RCU reclaimer
-//! follows the CPU of the threads that retire objects.
+//! follows the CPU of the threads that retire objects. Also the number of
+//! CPUs the system is configured with, which sizes the per-CPU cache.
+//!
+//! Sources, by platform:
+//!
+//! * Linux (x86-64, arm64): the rseq area glibc registers, else
+//!   `sched_getcpu(3)` (a vDSO call);
+//! * Windows: `GetCurrentProcessorNumber` (read from the processor's own
+//!   state, no kernel entry), reported as [`CpuSource::SchedGetcpu`];
+//! * macOS, FreeBSD, other systems: none (macOS offers no supported call;
+//!   FreeBSD's `sched_getcpu(3)` is recent, 13.0, and a binary using it
+//!   would not load on older releases). The hit cache is then per-thread.
 
 /// Where the CPU number comes from.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[cfg_attr(
+    not(all(target_os = "linux", not(any(miri, loom)))),
+    allow(dead_code, reason = "only Linux has both sources; some systems none")
+)]
 pub(crate) enum CpuSource {
     /// The `cpu_id` of the rseq area glibc (≥ 2.35) registers for every
     /// thread: one thread-pointer-relative load.
     Rseq(isize),
-    /// `sched_getcpu(3)` (a vDSO call on x86-64 and arm64).
+    /// The system's call: `sched_getcpu(3)` on Linux (a vDSO call on
+    /// x86-64 and arm64), `GetCurrentProcessorNumber` on Windows (the
+    /// number within the caller's processor group).
     SchedGetcpu,
 }
 
@@ -43,14 +60,22 @@ impl CpuSource {
                 }
             }
         }
-        #[cfg(not(any(miri, loom)))]
+        #[cfg(all(target_os = "linux", not(any(miri, loom))))]
         {
             // SAFETY: no preconditions.
             if unsafe { libc::sched_getcpu() } >= 0 {
                 return Some(CpuSource::SchedGetcpu);
             }
         }
-        None
+        #[cfg(all(windows, not(any(miri, loom))))]
+        {
+            // GetCurrentProcessorNumber cannot fail.
+            Some(CpuSource::SchedGetcpu)
+        }
+        #[cfg(not(all(windows, not(any(miri, loom)))))]
+        {
+            None
+        }
     }
 
     /// The CPU the calling thread runs on now (it may move right after:
@@ -94,12 +119,20 @@ impl CpuSource {
             )))]
             CpuSource::Rseq(_) => -1,
             CpuSource::SchedGetcpu => {
-                #[cfg(not(any(miri, loom)))]
+                #[cfg(all(target_os = "linux", not(any(miri, loom))))]
                 {
                     // SAFETY: no preconditions.
                     unsafe { libc::sched_getcpu() }
                 }
-                #[cfg(any(miri, loom))]
+                #[cfg(all(windows, not(any(miri, loom))))]
+                {
+                    // SAFETY: no arguments and no preconditions.
+                    let n = unsafe {
+                        windows_sys::Win32::System::Threading::GetCurrentProcessorNumber()
+                    };
+                    n as i32
+                }
+                #[cfg(not(all(any(target_os = "linux", windows), not(any(miri, loom)))))]
                 {
                     -1
                 }
@@ -110,7 +143,7 @@ impl CpuSource {
 }
 
 /// The best source this machine has, detected once per process; `None`
-/// where no source works (miri, loom, other systems).
+/// where no source works (miri, loom, systems without one: module docs).
 pub(crate) fn source() -> Option<CpuSource> {
     static SOURCE: std::sync::OnceLock<Option<CpuSource>> = std::sync::OnceLock::new();
     *SOURCE.get_or_init(CpuSource::detect)
@@ -119,4 +152,26 @@ pub(crate) fn source() -> Option<CpuSource> {
 /// The CPU the calling thread runs on now, from [`source`].
 pub(crate) fn current() -> Option<usize> {
     source()?.cpu()
+}
+
+/// The number of CPUs the system is configured with (hot-pluggable ones
+/// included), if the system says: `sysconf(_SC_NPROCESSORS_CONF)` on Unix;
+/// on Windows the processors of the caller's group, the range
+/// `GetCurrentProcessorNumber` reports in.
+pub(crate) fn count() -> Option<usize> {
+    #[cfg(unix)]
+    {
+        // SAFETY: no preconditions.
+        let conf = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+        usize::try_from(conf).ok()
+    }
+    #[cfg(windows)]
+    {
+        let info = super::system_info();
+        usize::try_from(info.dwNumberOfProcessors).ok()
+    }
+    #[cfg(not(any(unix, windows)))]
+    {
+        std::thread::available_parallelism().ok().map(usize::from)
+    }
 }
