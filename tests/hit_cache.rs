@@ -541,6 +541,9 @@ fn standalone_cache_rejects_bad_configuration() {
 #[cfg(all(unix, not(miri)))]
 #[test]
 fn cached_index_works_in_a_forked_child() {
+    if fork::left_out_under_qemu_user("cached_index_works_in_a_forked_child") {
+        return;
+    }
     let index = cached::<u64>(4);
     for a in 1..=64u64 {
         index.insert(a * 16, a).unwrap();

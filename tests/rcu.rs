@@ -335,10 +335,14 @@ fn read_section_nested_from_signal_handler() {
 #[cfg(all(unix, not(miri)))]
 #[test]
 fn fork_child_can_synchronize() {
+    if fork::left_out_under_qemu_user("fork_child_can_synchronize") {
+        return;
+    }
     // A parent thread sits inside a read-side section at the fork; the child
     // must not wait for it.
     let entered = Arc::new(Barrier::new(2));
     let stop = Arc::new(AtomicBool::new(false));
+    let _release = fork::SetOnDrop(stop.clone());
     let (e, s) = (entered.clone(), stop.clone());
     let reader = std::thread::spawn(move || {
         let g = rcu::read_lock();
