@@ -101,8 +101,8 @@
 //!
 //! # Fork
 //!
-//! (Unix; Windows has no `fork`.)
-//! In the child of `fork`, only the forking thread exists. A `pthread_atfork`
+//! (Unix; Windows has no `fork`.) In the child of `fork`, only the forking
+//! thread exists. A `pthread_atfork`
 //! child handler marks every other thread's record quiescent, releases the
 //! grace-period lock if a parent thread held it, and starts the deferred
 //! reclamation afresh (objects the parent had queued are leaked in the
