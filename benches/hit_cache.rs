@@ -131,6 +131,11 @@ struct Indexes {
     cached: Arc<AddrIndex<u64>>,
     per_cpu: Arc<AddrIndex<u64>>,
     always: Arc<AddrIndex<u64>>,
+    /// A standalone cache in front of `plain` holding each address's
+    /// answer (here the sum of its values) inline: a hit reads no line
+    /// of the index. Always on, and with the default switch.
+    inline: Arc<fprobe::HitCache<u64>>,
+    inline_switched: Arc<fprobe::HitCache<u64>>,
 }
 
 impl Indexes {
@@ -144,6 +149,10 @@ impl Indexes {
                 addrs,
                 Some(HitCacheConfig::default().adaptive(false)),
             )),
+            inline: Arc::new(
+                fprobe::HitCache::new(HitCacheConfig::default().adaptive(false)).unwrap(),
+            ),
+            inline_switched: Arc::new(fprobe::HitCache::new(HitCacheConfig::default()).unwrap()),
         }
     }
 
@@ -151,7 +160,7 @@ impl Indexes {
     fn row(&self, label: &str, trace: &str, streams: &[Arc<Vec<u64>>], run: Duration) {
         let before = self.cached.hit_cache_stats().unwrap();
         let (mut u, mut c, mut p, mut a) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut b = Vec::new();
+        let (mut b, mut i, mut iw) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds() {
             // Interleaved, so drift on a shared machine hits all.
             u.push(throughput(&self.plain, streams, run));
@@ -159,12 +168,20 @@ impl Indexes {
             c.push(throughput(&self.cached, streams, run));
             p.push(throughput(&self.per_cpu, streams, run));
             a.push(throughput(&self.always, streams, run));
+            i.push(inline_throughput(&self.plain, &self.inline, streams, run));
+            iw.push(inline_throughput(
+                &self.plain,
+                &self.inline_switched,
+                streams,
+                run,
+            ));
         }
         let after = self.cached.hit_cache_stats().unwrap();
         let hits = after.hits - before.hits;
         let through = hits + after.misses - before.misses;
         let ratio = |x: &[f64]| median_ratio(x, &u);
         let (rc, rp, ra, rb) = (ratio(&c), ratio(&p), ratio(&a), ratio(&b));
+        let (ri, riw) = (ratio(&i), ratio(&iw));
         let (u, c, p, a) = (
             runner::median(u),
             runner::median(c),
@@ -172,7 +189,7 @@ impl Indexes {
             runner::median(a),
         );
         println!(
-            "| {label} | {trace} | {} | {u:.1} | {c:.1} | {rc:.2}× | {} | {} | {:.1}% | {p:.1} | {rp:.2}× | {a:.1} | {ra:.2}× | {rb:.2}× |",
+            "| {label} | {trace} | {} | {u:.1} | {c:.1} | {rc:.2}× | {} | {} | {:.1}% | {p:.1} | {rp:.2}× | {a:.1} | {ra:.2}× | {ri:.2}× | {riw:.2}× | {rb:.2}× |",
             streams.len(),
             after.trials - before.trials,
             if after.enabled { "on" } else { "off" },
@@ -244,6 +261,41 @@ fn throughput(index: &Arc<AddrIndex<u64>>, streams: &[Arc<Vec<u64>>], run: Durat
     runner::throughput(workers, run)
 }
 
+/// [`throughput`] through a standalone cache in front of `index` holding
+/// each address's answer (the sum of its values) inline.
+fn inline_throughput(
+    index: &Arc<AddrIndex<u64>>,
+    cache: &Arc<fprobe::HitCache<u64>>,
+    streams: &[Arc<Vec<u64>>],
+    run: Duration,
+) -> f64 {
+    let workers = streams
+        .iter()
+        .map(|s| {
+            let (index, cache, s) = (index.clone(), cache.clone(), s.clone());
+            let mut at = 0;
+            move || {
+                let g = rcu::read_lock();
+                let mut sum = 0u64;
+                for &a in &s[at..at + 100] {
+                    let a = black_box(a);
+                    let answer = cache.lookup(a, || {
+                        index
+                            .get(a, &g)
+                            .iter()
+                            .fold(0u64, |x, v| x.wrapping_add(*v))
+                    });
+                    sum = sum.wrapping_add(answer);
+                }
+                black_box(sum);
+                at = (at + 100) % (s.len() - 100);
+                100
+            }
+        })
+        .collect();
+    runner::throughput(workers, run)
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list" || a == "--test") {
         return;
@@ -257,9 +309,9 @@ fn main() {
         HitCacheConfig::default().bytes_per_thread()
     );
     println!(
-        "| addresses | trace | threads | uncached | cached | cached/uncached | trials | switch at the end | hit rate through the cache | per-CPU cached | per-CPU/uncached | always on | always on/uncached | 2nd uncached index/uncached |"
+        "| addresses | trace | threads | uncached | cached | cached/uncached | trials | switch at the end | hit rate through the cache | per-CPU cached | per-CPU/uncached | always on | always on/uncached | answer inline, always on/uncached | answer inline, switched/uncached | 2nd uncached index/uncached |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for n in [50_000usize, 1_000_000] {
         let addrs = addresses(n);
         let traces = [

@@ -55,7 +55,7 @@
 use std::hint::black_box;
 
 use fprobe::probe::{EntryAction, Fprobe, Registry};
-use fprobe::{AddrIndex, HitCacheConfig, ObjPool};
+use fprobe::{AddrIndex, HitCache, HitCacheConfig, ObjPool};
 
 /// Addresses in the indexes and registries.
 const ADDRS: u64 = 50_000;
@@ -75,7 +75,9 @@ const MODES: &[&str] = &[
     "lookup-miss",
     "kprobe",
     "kretprobe",
+    "kprobe-hitcache",
     "hitcache-hit",
+    "hitcache-inline",
     "objpool",
     "depot",
     "malloc",
@@ -91,8 +93,12 @@ struct Setup {
     misses: Vec<u64>,
     index: AddrIndex<u64>,
     cached: AddrIndex<u64>,
+    /// A standalone cache in front of `index`, holding the value itself.
+    inline: HitCache<u64>,
     kprobe: Registry<u64>,
     kretprobe: Registry<u64>,
+    /// `kprobe` with a hit cache always on in front of its index.
+    kprobe_cached: Registry<u64>,
     pool: ObjPool<Obj>,
     depot: ObjPool<Obj>,
     /// The hit cache's misses after the warm-up.
@@ -124,8 +130,10 @@ fn run(mode: &str, uniform: bool) {
         "lookup-hit" => lookups(&s.index, &s.hits),
         "lookup-miss" => lookups(&s.index, &s.misses),
         "hitcache-hit" => lookups(&s.cached, &s.hits),
+        "hitcache-inline" => inline_lookups(&s.inline, &s.index, &s.hits),
         "kprobe" => dispatches(&s.kprobe, &s.hits),
         "kretprobe" => dispatches(&s.kretprobe, &s.hits),
+        "kprobe-hitcache" => dispatches(&s.kprobe_cached, &s.hits),
         "objpool" => pops(&s.pool),
         "depot" => pops(&s.depot),
         "malloc" => mallocs(),
@@ -133,8 +141,15 @@ fn run(mode: &str, uniform: bool) {
     }
     // Read in every mode, so that the check costs `none` the same.
     let misses = cache_misses(&s.cached);
+    let inline_misses = s.inline.stats().misses;
     if mode == "hitcache-hit" && !uniform {
         assert_eq!(misses, s.cache_misses, "a hot lookup missed the hit cache");
+    }
+    if mode == "hitcache-inline" && !uniform {
+        assert_eq!(
+            inline_misses, HOT as u64,
+            "a hot lookup missed the hit cache"
+        );
     }
     drop(black_box(s));
 }
@@ -177,6 +192,18 @@ fn setup(uniform: bool) -> Setup {
         })
         .build();
     kprobe.register(entry_only, &addrs).expect("room");
+    let kprobe_cached = Registry::<u64>::builder()
+        .capacity(addrs.len())
+        .hit_cache(HitCacheConfig::new().adaptive(false))
+        .build()
+        .expect("valid configuration");
+    let entry_only = Fprobe::<u64>::builder()
+        .entry(|e| {
+            black_box(e.addr);
+            EntryAction::Continue
+        })
+        .build();
+    kprobe_cached.register(entry_only, &addrs).expect("room");
 
     let kretprobe = Registry::<u64>::builder()
         .capacity(addrs.len())
@@ -208,8 +235,11 @@ fn setup(uniform: bool) -> Setup {
     lookups(&index, warm);
     lookups(&index, &warm_misses);
     lookups(&cached, warm);
+    let inline = HitCache::new(HitCacheConfig::new().adaptive(false)).expect("valid configuration");
+    inline_lookups(&inline, &index, warm);
     dispatches(&kprobe, warm);
     dispatches(&kretprobe, warm);
+    dispatches(&kprobe_cached, warm);
     let cache_misses = cache_misses(&cached);
     pops_n(&pool, 1);
     pops_n(&depot, 1);
@@ -219,8 +249,10 @@ fn setup(uniform: bool) -> Setup {
         misses,
         index,
         cached,
+        inline,
         kprobe,
         kretprobe,
+        kprobe_cached,
         pool,
         depot,
         cache_misses,
@@ -248,6 +280,15 @@ fn lookups(index: &AddrIndex<u64>, stream: &[u64]) {
         for v in index.get(a, &guard) {
             black_box(v);
         }
+    }
+}
+
+/// Lookups through a standalone cache whose answer is the address's
+/// (first) value: a hit needs no read-side section.
+#[inline(never)]
+fn inline_lookups(cache: &HitCache<u64>, index: &AddrIndex<u64>, stream: &[u64]) {
+    for &a in stream {
+        black_box(cache.lookup(a, || index.lookup(a, |v| v[0]).unwrap_or(0)));
     }
 }
 

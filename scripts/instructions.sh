@@ -19,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-modes=(rcu lookup-hit lookup-miss kprobe kretprobe hitcache-hit objpool)
+modes=(rcu lookup-hit lookup-miss kprobe kretprobe kprobe-hitcache hitcache-hit hitcache-inline objpool)
 ops=1000000
 threshold=5 # percent above the baseline that fails
 baseline=bench/instructions.baseline

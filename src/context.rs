@@ -12,7 +12,9 @@
 //!   that registry's per-thread states and the thread's state there
 //!   (`probe/registry.rs`);
 //! * the recursion guard's levels above the first, its signal masks and
-//!   whether the thread is ignored (`probe/recursion.rs`).
+//!   whether the thread is ignored (`probe/recursion.rs`);
+//! * the hit cache the thread looked up last, as that cache's key and the
+//!   thread's state there (`cache/mod.rs`).
 //!
 //! # Invariants
 //!
@@ -28,6 +30,13 @@
 //!   holds the bit therefore reads the pair at once, without the
 //!   key-value-key check a lone thread-local cache needs: no other
 //!   dispatch on the thread can rewrite it meanwhile.
+//! * `hit_key` and `hit_local` the same way for hit caches: a lookup
+//!   through a cache stores `BUSY` in `hit_key` before it reads
+//!   `hit_local` or any entry and puts a key back only after its last
+//!   access; `hit_local` is written only while `hit_key` reads `BUSY`, and
+//!   a lookup that finds `BUSY` (a signal handler's, nested in one of the
+//!   thread's own) touches neither. So whenever `hit_key` is a cache's
+//!   key, `hit_local` is the thread's state in that cache.
 //!
 //! The block is const-initialised and has no destructor, so it is readable
 //! at every point of a thread's life, thread-local destructors and signal
@@ -62,6 +71,12 @@ pub(crate) struct Context {
     pub(crate) masks: [Cell<u64>; MAX_LEVELS],
     /// Recursion guard: whether level 0's mask was read.
     pub(crate) mask0_read: Cell<bool>,
+    /// Key of the hit cache this thread looked up last (0: none yet), or
+    /// `BUSY` while one of its lookups runs through a cache
+    /// (`cache/mod.rs`).
+    pub(crate) hit_key: Cell<u64>,
+    /// This thread's state in that cache, valid while `hit_key` is its key.
+    pub(crate) hit_local: Cell<*const ()>,
 }
 
 std::thread_local! {
@@ -73,6 +88,8 @@ std::thread_local! {
             busy: Cell::new(0),
             masks: [const { Cell::new(0) }; MAX_LEVELS],
             mask0_read: Cell::new(false),
+            hit_key: Cell::new(0),
+            hit_local: Cell::new(std::ptr::null()),
         }
     };
 }

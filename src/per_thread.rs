@@ -94,19 +94,18 @@ std::thread_local! {
 /// `LAST_ID` while `remember` writes the pair: matches no `PerThread`.
 const BUSY: u64 = u64::MAX;
 
-const CACHE_SLOTS: usize = 3;
+const CACHE_SLOTS: usize = 2;
 
 /// Which one-entry cache a `PerThread` uses: one per kind of owner, so
-/// that a dispatch that goes through a registry and its index's hit cache
-/// does not evict one with the other.
+/// that owners used in one operation do not evict each other.
 #[derive(Clone, Copy)]
 pub(crate) enum CacheSlot {
-    /// Probe registries.
-    Registry = 0,
-    /// Hit caches.
-    HitCache = 1,
+    /// None here: the owner keeps the thread's value in the thread's
+    /// context (`context.rs`) and finds it with `find` or `get_or` when
+    /// that misses.
+    Context = 0,
     /// Object pools' magazines.
-    Pool = 2,
+    Pool = 1,
 }
 
 /// Keys of `PerThread`s: never reused, so a cache entry of a dropped one,
@@ -471,7 +470,7 @@ mod tests {
 
     #[test]
     fn each_thread_gets_its_own_value_and_exited_threads_values_are_adopted() {
-        let pt = Arc::new(PerThread::<AtomicUsize, { CacheSlot::Registry as usize }>::new());
+        let pt = Arc::new(PerThread::<AtomicUsize, { CacheSlot::Context as usize }>::new());
         let made = Arc::new(AtomicUsize::new(0));
         let n = if cfg!(miri) { 3 } else { 16 };
         for round in 0..3 {
@@ -534,7 +533,7 @@ mod tests {
                 self.0.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let pt = PerThread::<D, { CacheSlot::HitCache as usize }>::new();
+        let pt = PerThread::<D, { CacheSlot::Context as usize }>::new();
         assert!(pt.get().is_none());
         pt.get_or(|| D(drops.clone()), |_| {}).unwrap();
         std::thread::scope(|s| {

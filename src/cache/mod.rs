@@ -1,38 +1,50 @@
-//! The recent-hit cache: a small per-thread, set-associative cache of
-//! `address → answer` (the kernel's never-merged "kpcache", done so it can
-//! never be stale).
+//! The recent-hit cache: a small per-thread (or per-CPU), set-associative
+//! cache of `address → answer` in front of any lookup (the kernel's
+//! never-merged "kpcache", done so it can never be stale).
 //!
-//! Two ways to use it:
+//! It composes in front of a table; the table does not know it:
 //!
-//! * Built into an [`AddrIndex`](crate::AddrIndex), remembering record
-//!   pointers: opt-in through
-//!   [`AddrIndexBuilder::hit_cache`](crate::AddrIndexBuilder::hit_cache);
-//!   lookups keep using [`AddrIndex::get`](crate::AddrIndex::get) and
-//!   [`AddrIndex::lookup`](crate::AddrIndex::lookup) unchanged.
-//! * Standing alone, [`HitCache`], in front of any other lookup (a chained
-//!   table, a sorted array, a tree), holding the answer itself (an index
-//!   or a pointer), so a hit reads one set of the cache and no other line.
+//! * [`HitCache`] stands in front of any lookup (a chained table, a sorted
+//!   array, a tree, an [`AddrIndex`](crate::AddrIndex)), holding the answer
+//!   itself (an integer, a value, a pointer), so a hit reads one set of
+//!   the cache and no line of the table, and needs no read-side section.
+//!   Its user calls [`HitCache::invalidate`] after each write.
+//! * An [`AddrIndex`](crate::AddrIndex) built with
+//!   [`AddrIndexBuilder::hit_cache`](crate::AddrIndexBuilder::hit_cache)
+//!   composes one in front of its lookups, keeping where each address's
+//!   values are; its writes advance the index's write sequence, which the
+//!   cache checks its entries against. Lookups keep using
+//!   [`AddrIndex::get`](crate::AddrIndex::get) and
+//!   [`AddrIndex::lookup`](crate::AddrIndex::lookup) unchanged, and so does
+//!   a probe registry built with
+//!   [`RegistryBuilder::hit_cache`](crate::probe::RegistryBuilder::hit_cache).
 //!
-//! # Where it pays
+//! # The hit path
 //!
-//! Measured (`cargo bench --bench hit_cache`, one / two threads, cached ÷
-//! uncached throughput of back-to-back lookups, BENCHMARKS.md):
+//! A hit is: one load of the switch's word, one thread-local access (the
+//! thread's context, `context.rs`) whose key must equal that word, the
+//! set (a multiply and a shift of the address), one load of the write
+//! sequence, the address compared in every way of the set and the
+//! matching way picked with conditional moves (a set holds an address at
+//! most once), one compare of that way's sequence number, the answer, and
+//! a one-instruction hit count. No victim is computed and no clock read on
+//! a hit, and the only branch that depends on the address is "hit or
+//! miss": which way holds a hot address is as good as random, and a
+//! branch per way cost more mispredictions than it saved instructions.
+//! The switch's trials run on a separate path (below). Measured in
+//! instructions per lookup by `scripts/instructions.sh` (modes
+//! `hitcache-inline`, `hitcache-hit`, `kprobe-hitcache`); figures in
+//! `BENCHMARKS.md`, section "Instruction counts".
 //!
-//! | in front of | trace | always on | switched (default) |
-//! |---|---|---:|---:|
-//! | chained table, 40,000 in 4,096 buckets | Zipf(1.0) over 20,000 | 0.91 / 0.98 | 1.01 / 1.02 |
-//! | chained table, 40,000 in 4,096 buckets | uniform over 20,000 | 1.03 / 0.93 | 1.12 / 1.03 |
-//! | `AddrIndex`, 50,000 or 1,000,000 | Zipf, hot-64, uniform, SQLite calls | 0.33–0.70 | 0.89–1.09 |
+//! # When to turn it on
 //!
-//! It pays nowhere measured so far. In front of the index, the lines of the
-//! addresses a cache would keep are the ones already in the processor's
-//! caches, so a hit saves about one L2 access, while the cached path costs
-//! about 90 instructions per hit against the 51 of a whole uncached lookup
-//! (callgrind, `examples/lookup_counts.rs`); the misses (the cold tail a
-//! 24 KiB cache cannot hold) cost what they cost without it.
-//! The switch then keeps it off, where an index's lookups run exactly the
-//! uncached lookup's instructions (the switched range above is the spread
-//! two identical uncached indexes show in the same runs, 0.87–1.13).
+//! Where a lookup behind it costs more than a hit: tables whose lines are
+//! not in the processor's caches (large tables, chained tables, a caller
+//! whose own work evicts them), skewed traces (a few addresses take most
+//! lookups), and answers a caller can hold inline (a hit then skips the
+//! read-side section as well). With the default switch it costs little
+//! where it does not pay (below). `BENCHMARKS.md`, section "Recent-hit
+//! cache", has the traces measured.
 //!
 //! # Why it can help
 //!
@@ -40,16 +52,19 @@
 //! that may be megabytes large, and the record: two dependent misses when the
 //! table does not fit in cache. Instrumentation is skewed (a few functions
 //! take most hits); a thread's hot addresses fit in a few KiB that stay in
-//! its L1/L2. The entry holds the record pointer, so a hit costs one
-//! thread-local access, one load of the index's generation, and a compare.
+//! its L1/L2. The entry holds the answer, so a hit costs one
+//! thread-local access, one load of the write sequence, and compares.
 //!
-//! # Never stale: the generation protocol
+//! # Never stale: the write-sequence protocol
 //!
-//! The index keeps one `generation` counter (its own cache lines). Every
-//! write that publishes or unlinks a record (insert, remove, take,
-//! remove_addr, clear, bulk insert) increments it, with `Release`, *after*
-//! publishing and *before* retiring the old record. Migration does not
-//! change records, so it does not bump it.
+//! The table behind the cache keeps one write sequence (its own cache
+//! lines): an index built with a cache increments it on every write that
+//! publishes or unlinks a record (insert, remove, take, remove_addr,
+//! clear, bulk insert), with `Release`, *after* publishing and *before*
+//! retiring the old record (migration does not change records, so it does
+//! not advance it); a standalone cache's user advances it with
+//! [`HitCache::invalidate`] after each change. In the code the sequence
+//! number an entry was filled at is its `generation`.
 //!
 //! Each entry stores `(address, record or null, generation at fill)`.
 //!
@@ -81,22 +96,22 @@
 //!
 //! # Memory
 //!
-//! Per thread and per cached index: `entries × 24` bytes (default 1024
-//! entries, 4-way: 24 KiB), allocated on the thread's first lookup in that
-//! index (the crate's `PerThread`: any number of cached indexes, found in
-//! constant time) and freed with the index; a thread that exits leaves its
-//! cache, entries included, to the next thread given its thread index, so
-//! an index holds one cache per thread alive at once at most.
+//! Per thread and per cache: `entries × 32` bytes (default 1024 entries,
+//! 4-way: 32 KiB), allocated on the thread's first lookup through that
+//! cache (the crate's `PerThread`: any number of caches, found in
+//! constant time) and freed with the cache; a thread that exits leaves its
+//! entries to the next thread given its thread index, so a cache holds
+//! one set of entries per thread alive at once at most.
 //!
 //! # The switch: the cache stays on only where it pays
 //!
 //! Whether a cache helps depends on things it cannot see: how much of the
 //! table and its records already sit in the processor's caches, how the
 //! caller's own work competes for them, the machine. A hit rate says
-//! little (a high one on a hot set that fits in L1 anyway still loses the
-//! cache's own loads). So the threads measure the benefit on their own
-//! lookups, and the cache stays on only while it is faster. A thread's
-//! **trial**:
+//! little (a high one on a hot set that fits in L1 anyway may still lose
+//! the cache's own loads). So the threads measure the benefit on their
+//! own lookups, and the cache stays on only while it is faster. A
+//! thread's **trial**:
 //!
 //! 1. **Warm-up**: 1,024 lookups through the cache (untimed), so that its
 //!    hot entries are filled.
@@ -106,34 +121,26 @@
 //!    monotonic clock off x86-64): two clock reads per window, none per
 //!    lookup. The time covers everything the thread did between its
 //!    lookups, so the benefit is the thread's, not a micro-benchmark's.
-//! 3. **Decision**: the index's switch goes on if the median of the
-//!    cached windows beat the median of the others by at least 1/16, else
-//!    off (a window stretched by a preemption does not decide; a cache
-//!    that wins by less is not worth the risk of a wrong "on").
+//! 3. **Decision**: the switch goes on if the median of the cached
+//!    windows beat the median of the others by at least 1/16, else off (a
+//!    window stretched by a preemption does not decide; a cache that wins
+//!    by less is not worth the risk of a wrong "on").
 //!
-//! While the switch is on, every lookup goes through the thread's cache
-//! and each thread runs a new trial after 65,536 of them.
+//! The switch is one word (`rearm.rs`): the cache's key while on, with a
+//! bit for "off" and one for "trial". While it is on, lookups take the hit
+//! path above and count nothing but hits and misses; while it is off, they
+//! go straight to the table behind the cache, after one load and one test
+//! of the word; while a trial runs they go through the trial's schedule
+//! (the cached windows through the same sets as the hit path). Since
+//! nothing on the first two paths counts lookups, the next trial is
+//! started by time: the process's agent (one sleeping thread) sets the
+//! trial bit 256 ms after a won trial, 64 ms after a lost one, doubling
+//! with each further loss in a row up to 8 s. A new cache starts with a
+//! trial; [`HitCacheConfig::adaptive`]`(false)` keeps it on for good.
 //!
-//! While it is off, an index's lookups cost what an uncached index's do:
-//! the switch is the bound its lookups already compare the key with, on
-//! the root table's first line (`fast_above`: 0 sends every key but 0 down
-//! the inline uncached path, `u64::MAX` every key through the cache), so a
-//! switched-off cache adds no instruction to the lookup (callgrind,
-//! `examples/lookup_counts.rs`: 51–52 per lookup either way, 50,000
-//! addresses). Since nothing on that path counts, the next trial is
-//! started by time: the process's re-arm agent (`rearm`, one sleeping
-//! thread) switches the cache back on 64 ms after a lost trial, and each
-//! further trial lost in a row doubles the wait, up to 8 s; a won trial
-//! resets it. A new root table (a resize) starts switched on, with a trial.
-//!
-//! A standalone [`HitCache`] has no such bound in its caller's code: while
-//! off, each lookup loads its flag and counts down a thread-local number
-//! (about 12 instructions), and the thread's next lookup after 65,536 of
-//! them (twice as many per further loss, up to 8 Mi) starts a trial.
-//!
-//! A trial is 7,168 lookups, 4,096 of them through the cache. One switch
-//! per index, not per thread: the last trial decides for all, so threads
-//! with different patterns make it follow the latest.
+//! A trial is 7,168 lookups of one thread, 4,096 of them through the
+//! cache. One switch per cache, not per thread: the first trial of an
+//! epoch to finish decides for all.
 //!
 //! # Signal handlers
 //!
@@ -142,29 +149,31 @@
 //! an entry (three words) or a counter. Were the handler to fill the same
 //! entry, the interrupted code would finish its own write over the
 //! handler's and leave an entry pairing the handler's address with the
-//! interrupted lookup's record. So a thread's cache has an owner flag,
-//! `busy`, set around every lookup through it (each store separated from
-//! the entry accesses by a compiler fence: the handler runs on the same
-//! thread, so program order is all that is needed). A lookup that finds
-//! it set is nested inside one of the thread's own: it goes to the index
-//! directly and touches neither entries nor counters, except its own
-//! `nested` count (a read-modify-write, so nesting levels never lose each
-//! other's counts). The index lookup itself is signal-safe (RCU read side,
-//! no locks). `tests/hit_cache_signals.rs` is the storm that catches a
-//! torn entry when the flag is removed.
+//! interrupted lookup's record. So a lookup through a cache replaces the
+//! key in the thread's context with `BUSY` for its duration (each store
+//! separated from the entry accesses by a compiler fence: the handler runs
+//! on the same thread, so program order is all that is needed). A lookup
+//! that finds `BUSY` is nested inside one of the thread's own: it goes to
+//! the table directly and touches neither entries nor counters nor the
+//! context, except the cache's `nested` count (a read-modify-write, so
+//! nesting levels never lose each other's counts). The index lookup
+//! itself is signal-safe (RCU read side, no locks).
+//! `tests/hit_cache_signals.rs` is the storm that catches a torn entry
+//! when the flag is removed.
 //!
 //! # Per-thread or per-CPU
 //!
 //! By default each thread has its own cache: no atomics, no sharing, and a
 //! thread that migrates keeps its cache. Memory grows with threads, though:
-//! 24 KiB each by default.
+//! 32 KiB each by default.
 //!
 //! With [`HitCacheConfig::per_cpu`], the cache is one array per CPU (up to
 //! the configured CPU count, rounded up to a power of two; `entries × 32`
 //! bytes each), shared by the threads that run there. The CPU number is the
 //! `cpu_id` of the rseq area glibc ≥ 2.35 registers for every thread (found
 //! through `__rseq_offset`: one thread-pointer-relative load), else
-//! `sched_getcpu(3)`, else the cache falls back to per-thread mode
+//! `sched_getcpu(3)` (`GetCurrentProcessorNumber` on Windows), else (macOS,
+//! FreeBSD) the cache falls back to per-thread mode
 //! ([`HitCacheStats::mode`] says which). A thread can be preempted by
 //! another thread of the same CPU or migrate mid-lookup, so shared entries
 //! are seqlock-validated atomics: a reader skips an entry a fill is writing
@@ -179,10 +188,12 @@
 //! per-thread memory and cold caches of new threads dominate.
 
 use std::cell::Cell;
+use std::sync::Arc;
 
 mod rearm;
-pub(crate) use rearm::{ARMED, Arm};
+use rearm::{Arm, OFF, TRIAL as TRIAL_BIT};
 
+use crate::context::{Context, context};
 use crate::per_thread::{CacheSlot, PerThread};
 use crate::sync::unmodelled::{self, AtomicU64};
 use crate::sync::{CachePadded, Ordering, compiler_fence, fence};
@@ -193,7 +204,7 @@ use crate::sys::cpu::CpuSource;
 #[non_exhaustive]
 pub struct HitCacheConfig {
     /// Entries per thread: a power of two, 16..=65536. Default 1024
-    /// (24 KiB per thread).
+    /// (32 KiB per thread).
     pub entries: usize,
     /// Associativity: 1 (direct-mapped), 2, 4 or 8. Default 4.
     pub ways: usize,
@@ -305,8 +316,7 @@ pub struct HitCacheStats {
     /// Trials run (module docs: the switch).
     pub trials: u64,
     /// Whether the switch is on: the last trial found the cache faster,
-    /// none has finished yet, or (an index's cache) it was switched back
-    /// on for its next trial.
+    /// or a trial is due or running.
     pub enabled: bool,
     /// Lookups that went to the index because they interrupted the same
     /// thread's lookup through the cache (a signal handler's).
@@ -344,27 +354,41 @@ pub enum HitCacheMode {
     PerThread,
     /// One cache per CPU, the CPU number read from the rseq area.
     PerCpuRseq,
-    /// One cache per CPU, the CPU number from `sched_getcpu(3)`.
+    /// One cache per CPU, the CPU number from the system's call
+    /// (`sched_getcpu(3)`; `GetCurrentProcessorNumber` on Windows).
     PerCpuSchedGetcpu,
 }
 
 #[derive(Clone, Copy)]
+#[repr(C, align(32))]
 struct Entry<A = u64> {
     addr: u64,
-    answer: A,
-    /// Generation at fill; `u64::MAX` marks an empty entry (the
-    /// generation never reaches it).
+    /// Write sequence number at fill; `u64::MAX` marks an empty entry (the
+    /// sequence never reaches it).
     generation: u64,
+    answer: A,
 }
 
 /// An empty entry.
-fn empty<A: Answer>() -> Entry<A> {
+/// An empty entry of set `set` (of a cache whose sets are picked by
+/// `mix(addr) >> shift`): its address is one whose set is another, so no
+/// lookup that reaches `set` matches it (the scan relies on a set holding
+/// each address at most once: `through_set`).
+fn empty<A: Answer>(set: usize, shift: u32) -> Entry<A> {
+    let addr = (0u64..)
+        .find(|&a| (mix(a) >> shift) as usize != set)
+        .expect("a cache has at least two sets");
     Entry {
-        addr: 0,
-        answer: A::EMPTY,
+        addr,
         generation: u64::MAX,
+        answer: A::EMPTY,
     }
 }
+
+/// A write sequence: the count a table advances (with `Release`) after
+/// every change to what its lookups return, on lines of its own. Shared by
+/// the table and the caches in front of it.
+pub(crate) type WriteSequence = CachePadded<unmodelled::AtomicU64>;
 
 mod sealed {
     pub trait Sealed {}
@@ -470,6 +494,80 @@ impl<T> Answer for *const T {
     const EMPTY: Self = std::ptr::null();
 }
 
+/// Where an address's values are (a slice's pointer and length): what
+/// the cache an [`AddrIndex`](crate::AddrIndex) composes in front of its
+/// lookups keeps, valid while the read-side section that found it lasts
+/// (the module docs' never-stale protocol: the record is retired only
+/// after the write sequence moved on).
+#[derive(Clone, Copy)]
+pub(crate) struct Span {
+    ptr: *const (),
+    len: usize,
+}
+
+impl Span {
+    /// Where `values` are.
+    #[inline(always)]
+    pub(crate) fn of<V>(values: &[V]) -> Self {
+        Self {
+            ptr: values.as_ptr().cast(),
+            len: values.len(),
+        }
+    }
+
+    /// The values again.
+    ///
+    /// # Safety
+    ///
+    /// `self` came from [`Span::of`] on a `&'g [V]` (the pointer of an
+    /// empty slice is dangling but aligned, so it is one again).
+    #[inline(always)]
+    pub(crate) unsafe fn values<'g, V>(self) -> &'g [V] {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<V>(), self.len) }
+    }
+}
+
+/// A [`Span`] in a per-CPU entry.
+pub(crate) struct SharedSpan {
+    ptr: crate::sync::AtomicPtr<()>,
+    len: crate::sync::AtomicUsize,
+}
+
+impl sealed::SharedAnswer<Span> for SharedSpan {
+    #[inline(always)]
+    fn new(a: Span) -> Self {
+        Self {
+            ptr: crate::sync::AtomicPtr::new(a.ptr.cast_mut()),
+            len: crate::sync::AtomicUsize::new(a.len),
+        }
+    }
+    #[inline(always)]
+    fn load_relaxed(&self) -> Span {
+        // Relaxed, both: the entry's seqlock orders them
+        // (`through_shared_set`).
+        Span {
+            ptr: self.ptr.load(Ordering::Relaxed).cast_const(),
+            len: self.len.load(Ordering::Relaxed),
+        }
+    }
+    #[inline(always)]
+    fn store_relaxed(&self, a: Span) {
+        // Relaxed, both: as for the loads.
+        self.ptr.store(a.ptr.cast_mut(), Ordering::Relaxed);
+        self.len.store(a.len, Ordering::Relaxed);
+    }
+}
+
+impl sealed::Sealed for Span {}
+impl Answer for Span {
+    type Shared = SharedSpan;
+    const EMPTY: Self = Span {
+        ptr: std::ptr::null(),
+        len: 0,
+    };
+}
+
 /// The index's write generation: the two operations of the protocol
 /// (module docs). A trait so the loom model in this module runs the same
 /// [`through_set`] with loom's atomic.
@@ -523,7 +621,7 @@ fn fill_generation(generation: &impl Generation, now: u64) -> u64 {
 
 /// One lookup through one set of a thread's cache: the entry for `addr`
 /// if it was filled at the current generation, else `miss()` (the index
-/// lookup) and a fill of way `victim`. Returns the record and whether it
+/// lookup) and a fill of way `victim()`. Returns the answer and whether it
 /// was a hit. The generation is loaded *before* the index lookup: a write
 /// racing with the fill has advanced it by the time it completes, so the
 /// entry is never used after that write (module docs).
@@ -531,23 +629,58 @@ fn fill_generation(generation: &impl Generation, now: u64) -> u64 {
 fn through_set<R: Copy>(
     generation: &impl Generation,
     set: &[Cell<Entry<R>>],
-    victim: usize,
+    victim: impl FnOnce() -> usize,
     addr: u64,
     miss: impl FnOnce() -> R,
 ) -> (R, bool) {
     let now = generation.current();
-    for e in set {
-        let e = e.get();
-        if e.addr == addr && e.generation == now {
+    // The way holding `addr` (a set holds an address at most once: `fill`
+    // and `empty`), found without a branch per way (the compiler makes the
+    // select a conditional move): which way holds a hot address is as good
+    // as random, and a branch per way would be mispredicted on many hits.
+    // Then one branch, on its sequence number.
+    let mut way = usize::MAX;
+    for (i, e) in set.iter().enumerate() {
+        // SAFETY: a `Cell` of this thread's cache, read in place; nothing
+        // writes it meanwhile (the caller's `BUSY`, or loom's single thread
+        // per set).
+        let e = unsafe { &*e.as_ptr() };
+        way = if e.addr == addr { i } else { way };
+    }
+    if let Some(e) = set.get(way) {
+        // SAFETY: as above.
+        let e = unsafe { &*e.as_ptr() };
+        if e.generation == now {
             return (e.answer, true);
         }
     }
+    fill(generation, set, victim, now, addr, miss)
+}
+
+/// [`through_set`]'s miss: the lookup behind the cache, then the fill.
+#[cold]
+#[inline(never)]
+fn fill<R: Copy>(
+    generation: &impl Generation,
+    set: &[Cell<Entry<R>>],
+    victim: impl FnOnce() -> usize,
+    now: u64,
+    addr: u64,
+    miss: impl FnOnce() -> R,
+) -> (R, bool) {
     let answer = miss();
     let filled_at = fill_generation(generation, now);
-    set[victim].set(Entry {
+    // The way that holds `addr` already (filled at an older sequence
+    // number), else the victim: a set never holds an address twice, so the
+    // scan's one match is the only candidate.
+    let way = set
+        .iter()
+        .position(|e| e.get().addr == addr)
+        .unwrap_or_else(|| victim() & (set.len() - 1));
+    set[way].set(Entry {
         addr,
-        answer,
         generation: filled_at,
+        answer,
     });
     (answer, false)
 }
@@ -584,7 +717,7 @@ impl<A: Answer> SharedEntry<A> {
 fn through_shared_set<A: Answer>(
     generation: &impl Generation,
     set: &[SharedEntry<A>],
-    victim: usize,
+    victim: impl FnOnce() -> usize,
     addr: u64,
     miss: impl FnOnce() -> A,
 ) -> (A, bool) {
@@ -612,7 +745,7 @@ fn through_shared_set<A: Answer>(
     }
     let answer = miss();
     let filled_at = fill_generation(generation, now);
-    let e = &set[victim];
+    let e = &set[victim() & (set.len() - 1)];
     let s = e.seq.load(Ordering::Relaxed);
     // Acquire: the field stores below stay after the lock.
     if s & 1 == 0
@@ -631,7 +764,7 @@ fn through_shared_set<A: Answer>(
     (answer, false)
 }
 
-/// The per-CPU caches of one index.
+/// The per-CPU caches of one [`HitCache`].
 struct PerCpu<A: Answer> {
     source: CpuSource,
     /// `cpus × entries`, CPU-major. Invariant: `cpus` is a power of two.
@@ -639,17 +772,10 @@ struct PerCpu<A: Answer> {
     cpus: usize,
 }
 
-/// The switch's schedule (module docs: the switch): lookups
-/// through the cache to warm it, lookups per timed window, and lookups
-/// run in the chosen mode before the next trial.
+/// A trial's schedule (module docs: the switch): lookups through the cache
+/// to warm it, then lookups per timed window.
 const WARM_UP: u32 = 1024;
 const WINDOW: u32 = 1024;
-const RUN: u32 = 64 * 1024;
-
-/// After `n` trials in a row that found the cache slower, the thread waits
-/// `RUN << min(n - 1, MAX_BACKOFF)` lookups before its next one (64 Ki to
-/// 8 Mi): a cache that keeps losing costs its trials less and less.
-const MAX_BACKOFF: u8 = 7;
 
 /// The steps of a trial after the warm-up: whether each timed window goes
 /// through the cache, in an order (C U U C C U) that cancels a linear
@@ -657,8 +783,19 @@ const MAX_BACKOFF: u8 = 7;
 /// median of three).
 const TRIAL: [bool; 6] = [true, false, false, true, true, false];
 
-/// Step number of the run that follows a trial.
-const RUN_STEP: u8 = TRIAL.len() as u8 + 1;
+/// What a thread's context holds as its hit-cache key while one of its
+/// lookups runs through a cache: matches no switch, so a lookup that
+/// interrupts it (a signal handler's) leaves the hit path and finds this.
+const BUSY: u64 = u64::MAX;
+
+/// The bit a thread's context adds to the key of a per-CPU cache: its
+/// lookups then never match the switch's word itself and take the per-CPU
+/// path, one compare later.
+const PER_CPU_KEY: u64 = 1 << 61;
+
+/// Keys of caches: never reused, so a context's key of a dropped cache
+/// matches no live cache's switch. Below [`PER_CPU_KEY`].
+static NEXT_KEY: unmodelled::AtomicU64 = unmodelled::AtomicU64::new(1);
 
 /// A cheap clock for the switch's windows: the time-stamp counter on
 /// x86-64, else the monotonic clock in nanoseconds. Only differences over
@@ -681,81 +818,72 @@ fn ticks() -> u64 {
     }
 }
 
-/// One thread's cache for one index. Owned by the thread (the
-/// `PerThread` invariant: one owner at a time); other threads only read
-/// the counters.
+/// One thread's state in one cache: its entries (per-thread mode), its
+/// counters and its trial schedule. Owned by the thread (the `PerThread`
+/// invariant: one owner at a time); other threads only load the counters.
+///
+/// The hit path reads the first fields (entries, `shift`, `ways`) and
+/// bumps `hits`, all on one line.
+#[repr(C)]
 struct ThreadCache<A> {
-    /// Invariant: `entries.len() == sets * ways`.
+    /// Invariant: `entries.len() == (1 << (64 - shift)) * ways` in
+    /// per-thread mode; empty in per-CPU mode.
     entries: Box<[Cell<Entry<A>>]>,
-    set_mask: usize,
-    ways: usize,
+    /// `64 - log2(sets)`: a set is the top bits of the address's hash.
+    shift: u32,
+    ways: u32,
+    /// Lookups answered from the cache (stored by the owner only).
+    hits: AtomicU64,
+    /// Lookups through the cache that filled an entry.
+    misses: AtomicU64,
     victim: Cell<usize>,
-    /// Whether this thread's lookups go through the cache now.
-    cached: Cell<bool>,
-    /// `HitCacheConfig::adaptive`: when `false` the schedule never leaves
-    /// its run through the cache.
-    adaptive: bool,
-    /// Lookups left in the current step of the switch's schedule.
-    left: Cell<u32>,
-    /// The step: 0 the warm-up, 1..=6 the timed windows of [`TRIAL`],
-    /// [`RUN_STEP`] the run in the chosen mode.
-    step: Cell<u8>,
-    /// Trials lost in a row (a standalone cache's backoff, [`MAX_BACKOFF`];
-    /// an index's is its `Arm`'s).
-    losses: Cell<u8>,
-    /// The re-arm epoch this thread's schedule runs in (an index's cache).
+    /// The trial epoch this thread's schedule runs in.
     epoch: Cell<u32>,
+    /// The schedule's step: 0 the warm-up, 1..=6 the timed windows of
+    /// [`TRIAL`], 7 done (waiting for the trial's decision).
+    step: Cell<u8>,
+    /// Lookups left in the current step.
+    left: Cell<u32>,
     /// [`ticks`] when the current timed window started.
     started: Cell<u64>,
     /// The trial's window times, in [`TRIAL`] order.
     times: [Cell<u64>; TRIAL.len()],
-    /// Set while a lookup of the owner runs through this cache: a signal
-    /// handler that finds it set interrupted that lookup (module docs:
-    /// signal handlers).
-    busy: Cell<bool>,
-    counters: Counters,
+    /// Lookups a trial sent past the cache.
+    bypassed: AtomicU64,
+    /// Trials this thread decided.
+    trials: AtomicU64,
 }
 
 // SAFETY: the cells are used by the owning thread only (one owner at a
 // time, handed over by `PerThread` under its index allocator's mutex);
-// `counters` are atomics stored by the owner and loaded by `stats`. The
-// entries' record pointers are only dereferenced by their owner under a
-// read guard, after the generation check.
+// the counters are atomics stored by the owner and loaded by `stats`.
+// Answers are only returned to their owner, after the sequence check.
 unsafe impl<A> Sync for ThreadCache<A> {}
-// SAFETY: as above; a `ThreadCache` is dropped with its index, on any thread.
+// SAFETY: as above; a `ThreadCache` is dropped with its cache, on any
+// thread.
 unsafe impl<A> Send for ThreadCache<A> {}
 
-/// Counters of one thread, readable by `stats()`. Only the owning thread
-/// stores them (load + store, no read-modify-write on a shared line).
-#[derive(Default)]
-struct Counters {
-    hits: AtomicU64,
-    misses: AtomicU64,
-    bypassed: AtomicU64,
-    /// Stored by nested lookups (signal handlers) with a read-modify-write,
-    /// so one nesting level never overwrites another's count.
-    nested: AtomicU64,
-    /// Trials decided (the switch).
-    trials: AtomicU64,
-}
-
-impl Counters {
-    #[inline(always)]
-    fn bump(c: &AtomicU64) {
-        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-    }
+/// Adds one to a counter only its owner stores: a plain load and store
+/// (one `add` to memory on x86-64), which a signal handler cannot
+/// interleave with (the owner's lookup holds [`BUSY`] in its context
+/// meanwhile, so a handler's lookup does not touch the owner's counters).
+#[inline(always)]
+fn bump(c: &AtomicU64) {
+    // Relaxed: statistics; no other memory is published with them.
+    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
 }
 
 /// A recent-hit cache in front of any lookup keyed by a `u64` address:
 /// per-thread (or per-CPU) sets of `address → answer`, never stale, with
 /// the switch that keeps it only where it is faster (module docs).
 ///
-/// [`AddrIndex`](crate::AddrIndex) has one built in
+/// The answer is held in the entry itself (an [`Answer`]: an integer such
+/// as an index into the caller's array or a value of the table, or a
+/// pointer), so a hit reads one set of the cache and nothing else: no
+/// read-side section, no line of the table.
+/// [`AddrIndex`](crate::AddrIndex) composes one in front of its lookups
 /// ([`AddrIndexBuilder::hit_cache`](crate::AddrIndexBuilder::hit_cache)),
-/// remembering record pointers. Standing alone it serves any other table:
-/// the answer is held in the entry itself (an [`Answer`]: an integer such
-/// as an index into the caller's array, or a pointer), so a hit reads one
-/// set of the cache and nothing else.
+/// holding where an address's values are.
 ///
 /// The caller's side of the never-stale protocol: after changing what
 /// `miss` would return for an address, call [`invalidate`](Self::invalidate)
@@ -779,7 +907,7 @@ impl Counters {
 ///     let t = table.read().unwrap();
 ///     t[addr as usize % 4].iter().find(|e| e.0 == addr).map_or(u32::MAX, |e| e.1)
 /// };
-/// let cache = HitCache::<u32>::new(HitCacheConfig::new()).unwrap();
+/// let cache = HitCache::<u32>::new(HitCacheConfig::new().adaptive(false)).unwrap();
 /// assert_eq!(cache.lookup(9, || find(9)), 2);
 /// assert_eq!(cache.lookup(9, || unreachable!("a hit")), 2);
 ///
@@ -789,72 +917,35 @@ impl Counters {
 /// assert_eq!(cache.lookup(9, || find(9)), 7);
 /// ```
 pub struct HitCache<A: Answer> {
-    config: HitCacheConfig,
-    /// Each thread's cache (in per-CPU mode: its counters and bypass
-    /// state), freed with the cache.
-    locals: PerThread<ThreadCache<A>, { CacheSlot::HitCache as usize }>,
-    /// The write generation, advanced by every invalidation (for an index:
-    /// every record publish or unlink).
-    generation: CachePadded<unmodelled::AtomicU64>,
+    /// The switch (module docs; `rearm.rs`).
+    arm: Arc<Arm>,
+    /// The write sequence the entries are checked against: the cache's
+    /// own, advanced by [`invalidate`](Self::invalidate), or the one of the
+    /// table in front of which the cache sits
+    /// ([`with_sequence`](Self::with_sequence)).
+    sequence: Arc<WriteSequence>,
     /// The per-CPU caches, in per-CPU mode.
     per_cpu: Option<PerCpu<A>>,
-    /// The switch of a standalone cache (an index keeps its cache's in
-    /// its root table, [`Switch::Index`]).
-    enabled: unmodelled::AtomicBool,
+    /// Each thread's state (in per-CPU mode: its counters and schedule),
+    /// freed with the cache.
+    locals: PerThread<ThreadCache<A>, { CacheSlot::Context as usize }>,
+    /// Lookups that interrupted one of the same thread's (signal
+    /// handlers'), all threads together.
+    nested: unmodelled::AtomicU64,
+    config: HitCacheConfig,
 }
 
-/// Where a cache's switch (module docs) is, for the trial that sets it.
-#[derive(Clone, Copy)]
-pub(crate) enum Switch<'a> {
-    /// A standalone [`HitCache`]'s own flag: `true` while the last trial
-    /// found the cache faster; while `false`, each thread counts its
-    /// lookups down to its next trial ([`switched_off`]).
-    Own(&'a unmodelled::AtomicBool),
-    /// An index's: its root table's `fast_above` ([`ARMED`] while on or
-    /// due for a trial, 0 while off, so a switched-off cache leaves the
-    /// lookup exactly the uncached one), re-armed by the agent (`rearm`).
-    Index(&'a AtomicU64, &'a std::sync::Arc<Arm>),
-}
+// SAFETY: atomics, `PerThread` (per-thread values handed over under its
+// allocator's mutex) and answers of type `A` (possibly raw pointers),
+// which are plain data the cache never dereferences.
+unsafe impl<A: Answer> Send for HitCache<A> {}
+// SAFETY: see `Send`.
+unsafe impl<A: Answer> Sync for HitCache<A> {}
 
-impl Switch<'_> {
-    fn is_on(self) -> bool {
-        // Relaxed: hints that publish nothing.
-        match self {
-            Switch::Own(on) => on.load(Ordering::Relaxed),
-            Switch::Index(word, _) => word.load(Ordering::Relaxed) == ARMED,
-        }
+impl<A: Answer> Drop for HitCache<A> {
+    fn drop(&mut self) {
+        self.arm.close();
     }
-}
-
-/// Whether this lookup of a standalone cache goes past it: its switch is
-/// off and the thread's countdown to its next trial has not run out (it
-/// is then counted down): the switch's load and one thread-local
-/// countdown, no call, no per-thread lookup. A signal handler that
-/// interrupts the countdown may lose one count, which only moves the next
-/// trial.
-#[inline(always)]
-fn switched_off(switch: &unmodelled::AtomicBool) -> bool {
-    // Relaxed: a hint that publishes nothing; the entries have their own
-    // protocol.
-    if switch.load(Ordering::Relaxed) {
-        return false;
-    }
-    UNTIL_TRIAL.with(|n| {
-        let left = n.get();
-        if left == 0 {
-            return false;
-        }
-        n.set(left - 1);
-        true
-    })
-}
-
-std::thread_local! {
-    /// Lookups this thread sends past switched-off standalone caches (all
-    /// of them together) before its next lookup through one runs a trial.
-    /// Const-initialised, no destructor: usable in signal handlers and
-    /// thread teardown.
-    static UNTIL_TRIAL: Cell<u32> = const { Cell::new(0) };
 }
 
 impl<A: Answer> HitCache<A> {
@@ -863,15 +954,24 @@ impl<A: Answer> HitCache<A> {
     /// allocated per thread until a thread's first lookup.
     pub fn new(config: HitCacheConfig) -> Result<Self, crate::Error> {
         config.validate().map_err(crate::Error::InvalidConfig)?;
-        Ok(Self::with_valid(config))
+        Ok(Self::with_sequence(
+            config,
+            Arc::new(CachePadded(unmodelled::AtomicU64::new(0))),
+        ))
     }
 
-    /// [`new`](Self::new) for a configuration already validated.
-    pub(crate) fn with_valid(config: HitCacheConfig) -> Self {
+    /// A cache in front of a table whose write sequence is `sequence`
+    /// (`RawIndex::write_sequence`), for a configuration already
+    /// validated. The table advances it (with `Release`) after every
+    /// change to what `miss` returns and before it frees anything an old
+    /// answer refers to.
+    pub(crate) fn with_sequence(config: HitCacheConfig, sequence: Arc<WriteSequence>) -> Self {
+        // Relaxed: a unique number, nothing published with it.
+        let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
+        assert!(key < PER_CPU_KEY, "hit cache keys exhausted");
         Self {
-            config,
-            locals: PerThread::new(),
-            generation: CachePadded(unmodelled::AtomicU64::new(0)),
+            arm: Arm::new(key, config.adaptive),
+            sequence,
             per_cpu: if config.per_cpu {
                 crate::sys::cpu::source().map(|source| {
                     // CPU numbers up to the configured count (hot-plug
@@ -891,7 +991,9 @@ impl<A: Answer> HitCache<A> {
             } else {
                 None
             },
-            enabled: unmodelled::AtomicBool::new(true),
+            locals: PerThread::new(),
+            nested: unmodelled::AtomicU64::new(0),
+            config,
         }
     }
 
@@ -902,10 +1004,11 @@ impl<A: Answer> HitCache<A> {
     /// the same thread's goes straight to `miss`.
     #[inline]
     pub fn lookup(&self, addr: u64, miss: impl FnOnce() -> A) -> A {
-        if switched_off(&self.enabled) {
+        let state = self.state();
+        if state & OFF != 0 {
             return miss();
         }
-        self.lookup_through(addr, Switch::Own(&self.enabled), miss)
+        self.lookup_on(state, addr, miss)
     }
 
     /// Makes every entry filled so far unusable, on every thread: call it
@@ -913,136 +1016,300 @@ impl<A: Answer> HitCache<A> {
     /// answer refers to (type docs). One atomic increment.
     #[inline]
     pub fn invalidate(&self) {
-        self.generation.advance();
+        self.sequence.0.advance();
     }
 
-    /// Counters, summed over threads.
-    pub fn stats(&self) -> HitCacheStats {
-        self.collect_stats(Switch::Own(&self.enabled))
-    }
-
-    /// Looks `addr` up through the calling thread's cache; `miss` does the
-    /// lookup behind it. The caller has asked [`switched_off`] of `switch`,
-    /// the cache's switch, first (this is the path of a switched-on cache
-    /// and of a thread's trials).
-    #[inline]
-    pub(crate) fn lookup_through(
-        &self,
-        addr: u64,
-        switch: Switch<'_>,
-        miss: impl FnOnce() -> A,
-    ) -> A {
-        let local = match self.locals.get() {
-            Some(l) => l,
-            None => match self.local() {
-                Some(l) => l,
-                None => return miss(),
-            },
-        };
-        if local.busy.get() {
-            // A signal handler interrupted this thread's own lookup, which
-            // may be halfway through an entry or a counter: leave them all
-            // to it and ask the index.
-            local.counters.nested.fetch_add(1, Ordering::Relaxed);
-            return miss();
-        }
-        local.busy.set(true);
-        // The flag is in memory before any entry is read or written (a
-        // signal handler runs on this thread: program order suffices).
-        compiler_fence(Ordering::SeqCst);
-        let rec = self.lookup_owned(local, addr, switch, miss);
-        // Every entry and counter access is done before the flag clears.
-        compiler_fence(Ordering::SeqCst);
-        local.busy.set(false);
-        rec
-    }
-
-    /// [`lookup`](Self::lookup) with `local.busy` set: no other lookup
-    /// touches `local` until it returns.
+    /// The switch's word: with [`OFF`] set, lookups go past the cache
+    /// (module docs: the switch).
     #[inline(always)]
-    fn lookup_owned(
-        &self,
-        local: &ThreadCache<A>,
-        addr: u64,
-        switch: Switch<'_>,
-        miss: impl FnOnce() -> A,
-    ) -> A {
-        if !local.cached.get() {
-            // A trial's window without the cache.
-            Counters::bump(&local.counters.bypassed);
-            local.tick(switch);
-            return miss();
+    pub(crate) fn state(&self) -> u64 {
+        // Relaxed: the switch is a hint that publishes nothing; the
+        // entries' own protocol (the write sequence) keeps answers current.
+        self.arm.state.load(Ordering::Relaxed)
+    }
+
+    /// The switch as a bound for a table that composes the cache in front
+    /// of its lookups: addresses above it go past the cache (0 while the
+    /// switch is off, `u64::MAX` while it is on or a trial is due). A hint,
+    /// stored after the switch's word changes: a lookup is correct on
+    /// either path.
+    #[inline(always)]
+    pub(crate) fn bound(&self) -> &unmodelled::AtomicU64 {
+        &self.arm.bound
+    }
+
+    /// Whether a switch word says "off".
+    #[inline(always)]
+    pub(crate) fn is_off(state: u64) -> bool {
+        state & OFF != 0
+    }
+
+    /// [`lookup`](Self::lookup) once the switch's word `state` was found
+    /// not off: the hit path, inline; anything else (first use on this
+    /// thread, another cache used last, a trial, per-CPU mode, a nested
+    /// lookup) out of line.
+    #[inline(always)]
+    pub(crate) fn lookup_on(&self, state: u64, addr: u64, miss: impl FnOnce() -> A) -> A {
+        let c = context();
+        let key = c.hit_key.get();
+        if key != state {
+            if key == state | PER_CPU_KEY {
+                return self.lookup_per_cpu(c, key, addr, miss);
+            }
+            return self.lookup_slow(c, key, state, addr, miss);
         }
-        let base = (mix(addr) as usize & local.set_mask) * local.ways;
-        let victim = local.victim.get() & (local.ways - 1);
-        let (rec, hit) = match &self.per_cpu {
-            None => {
-                let set = &local.entries[base..base + local.ways];
-                through_set(&*self.generation, set, victim, addr, miss)
-            }
-            Some(pc) => {
-                let cpu = pc.source.cpu().unwrap_or(0) & (pc.cpus - 1);
-                let base = cpu * self.config.entries + base;
-                let set = &pc.entries[base..base + local.ways];
-                through_shared_set(&*self.generation, set, victim, addr, miss)
-            }
+        c.hit_key.set(BUSY);
+        // `BUSY` is in the context before the entries are read (a signal
+        // handler runs on this thread: program order suffices).
+        compiler_fence(Ordering::SeqCst);
+        // SAFETY: the context's invariant: while its key is this cache's
+        // (neither `BUSY` nor another's), `hit_local` is this thread's
+        // state in this cache, which lives as long as the cache.
+        let local = unsafe { &*c.hit_local.get().cast::<ThreadCache<A>>() };
+        let answer = self.through_local(local, addr, miss);
+        // Every entry and counter access is done before the key returns.
+        compiler_fence(Ordering::SeqCst);
+        c.hit_key.set(key);
+        answer
+    }
+
+    /// [`lookup_on`](Self::lookup_on) of a per-CPU cache that is on and
+    /// was the thread's last (its context holds `key`, the switch's word
+    /// with [`PER_CPU_KEY`]).
+    #[inline(always)]
+    fn lookup_per_cpu(&self, c: &Context, key: u64, addr: u64, miss: impl FnOnce() -> A) -> A {
+        let Some(pc) = &self.per_cpu else {
+            // Never: only a per-CPU cache stores a key with `PER_CPU_KEY`.
+            return miss();
+        };
+        c.hit_key.set(BUSY);
+        // As in `lookup_on`.
+        compiler_fence(Ordering::SeqCst);
+        // SAFETY: as in `lookup_on`: the context's key is this cache's.
+        let local = unsafe { &*c.hit_local.get().cast::<ThreadCache<A>>() };
+        let answer = self.through_cpu(pc, local, addr, miss);
+        compiler_fence(Ordering::SeqCst);
+        c.hit_key.set(key);
+        answer
+    }
+
+    /// One lookup through this thread's entries (per-thread mode).
+    #[inline(always)]
+    fn through_local(&self, local: &ThreadCache<A>, addr: u64, miss: impl FnOnce() -> A) -> A {
+        let sequence = &self.sequence.0;
+        let set = (mix(addr) >> local.shift) as usize;
+        let miss = || {
+            bump(&local.misses);
+            miss()
+        };
+        let (answer, hit) = if local.ways == 4 {
+            // The default associativity, with the set's size known to
+            // the compiler (the scan unrolled).
+            // SAFETY: `set` is below the set count (the `ThreadCache`
+            // invariant: `mix(addr) >> shift` is), so its four entries are
+            // in `entries`.
+            let ways = unsafe {
+                &*local
+                    .entries
+                    .as_ptr()
+                    .add(set * 4)
+                    .cast::<[Cell<Entry<A>>; 4]>()
+            };
+            through_set(sequence, ways, || local.next_victim(), addr, miss)
+        } else {
+            let ways = local.ways as usize;
+            // SAFETY: as above, for `ways` entries.
+            let ways = unsafe { local.entries.get_unchecked(set * ways..(set + 1) * ways) };
+            through_set(sequence, ways, || local.next_victim(), addr, miss)
         };
         if hit {
-            Counters::bump(&local.counters.hits);
-        } else {
-            local.victim.set(local.victim.get().wrapping_add(1));
-            Counters::bump(&local.counters.misses);
+            bump(&local.hits);
         }
-        local.tick(switch);
-        rec
+        answer
     }
 
-    /// Creates this thread's cache, or takes over the one an exited thread
+    /// One lookup through the calling CPU's entries (per-CPU mode).
+    #[inline(always)]
+    fn through_cpu(
+        &self,
+        pc: &PerCpu<A>,
+        local: &ThreadCache<A>,
+        addr: u64,
+        miss: impl FnOnce() -> A,
+    ) -> A {
+        let cpu = pc.source.cpu().unwrap_or(0) & (pc.cpus - 1);
+        let base =
+            cpu * self.config.entries + (mix(addr) >> local.shift) as usize * self.config.ways;
+        let set = &pc.entries[base..base + self.config.ways];
+        let sequence = &self.sequence.0;
+        let miss = || {
+            bump(&local.misses);
+            miss()
+        };
+        let (answer, hit) = through_shared_set(sequence, set, || local.next_victim(), addr, miss);
+        if hit {
+            bump(&local.hits);
+        }
+        answer
+    }
+
+    /// The lookups that leave the hit path: nested ones, a thread's first
+    /// in this cache (or its first since it used another), per-CPU mode,
+    /// trials.
+    #[cold]
+    #[inline(never)]
+    fn lookup_slow(
+        &self,
+        c: &Context,
+        key: u64,
+        state: u64,
+        addr: u64,
+        miss: impl FnOnce() -> A,
+    ) -> A {
+        if key == BUSY {
+            // A signal handler interrupted one of this thread's lookups
+            // through a cache, which may be halfway through an entry or a
+            // counter, and holds the context's pair: leave them all to it.
+            // Relaxed: a statistic.
+            self.nested.fetch_add(1, Ordering::Relaxed);
+            return miss();
+        }
+        let Some(local) = self.local() else {
+            // The thread's thread-locals are being destroyed.
+            return miss();
+        };
+        let mine = match self.per_cpu {
+            Some(_) => self.arm_key() | PER_CPU_KEY,
+            None => self.arm_key(),
+        };
+        c.hit_key.set(BUSY);
+        compiler_fence(Ordering::SeqCst);
+        // The context's pair, written while it reads `BUSY`: a handler
+        // that interrupts this finds `BUSY` and touches neither half.
+        c.hit_local.set(std::ptr::from_ref(local).cast());
+        compiler_fence(Ordering::SeqCst);
+        let answer = if state & TRIAL_BIT != 0 {
+            self.trial_lookup(local, addr, miss)
+        } else {
+            self.through(local, addr, miss)
+        };
+        compiler_fence(Ordering::SeqCst);
+        // On, per-thread: the next lookup takes the hit path. Per-CPU, or
+        // during a trial: it comes back here (`mine` differs from the
+        // switch's word).
+        c.hit_key.set(mine);
+        answer
+    }
+
+    /// One lookup through the cache, in either mode.
+    #[inline(always)]
+    fn through(&self, local: &ThreadCache<A>, addr: u64, miss: impl FnOnce() -> A) -> A {
+        match &self.per_cpu {
+            None => self.through_local(local, addr, miss),
+            Some(pc) => self.through_cpu(pc, local, addr, miss),
+        }
+    }
+
+    /// The switch's key (its word while on).
+    fn arm_key(&self) -> u64 {
+        self.state() & !(OFF | TRIAL_BIT)
+    }
+
+    /// One lookup of a trial: through the cache or past it as the
+    /// thread's schedule says, ending the step (and deciding the trial)
+    /// when its lookups are done.
+    fn trial_lookup(&self, local: &ThreadCache<A>, addr: u64, miss: impl FnOnce() -> A) -> A {
+        let epoch = self.arm.epoch();
+        if local.epoch.get() != epoch {
+            // A new trial: start its schedule from the warm-up.
+            local.epoch.set(epoch);
+            local.begin(0);
+        }
+        let step = local.step.get();
+        let answer = if step == 0 || (step <= TRIAL.len() as u8 && TRIAL[usize::from(step) - 1]) {
+            self.through(local, addr, miss)
+        } else {
+            bump(&local.bypassed);
+            miss()
+        };
+        if step <= TRIAL.len() as u8 {
+            let left = local.left.get() - 1;
+            local.left.set(left);
+            if left == 0 {
+                self.next_step(local, epoch);
+            }
+        }
+        answer
+    }
+
+    /// Ends a step of the trial: records a window's time, starts the next
+    /// step, and after the last window decides.
+    fn next_step(&self, local: &ThreadCache<A>, epoch: u32) {
+        let now = ticks();
+        let step = local.step.get();
+        if step >= 1 {
+            local.times[usize::from(step) - 1].set(now.wrapping_sub(local.started.get()));
+        }
+        if usize::from(step) < TRIAL.len() {
+            local.begin(step + 1);
+            return;
+        }
+        local.step.set(TRIAL.len() as u8 + 1);
+        bump(&local.trials);
+        self.arm.decide(epoch, local.cache_pays());
+    }
+
+    /// Creates this thread's state, or takes over the one an exited thread
     /// left at its index (its entries stay: each is checked against the
-    /// generation like any other); `None` while the thread's thread-locals
+    /// sequence like any other); `None` while the thread's thread-locals
     /// are being destroyed.
     #[cold]
     fn local(&self) -> Option<&ThreadCache<A>> {
+        if let Some(l) = self.locals.find() {
+            return Some(l);
+        }
         let c = self.config;
         let per_cpu = self.per_cpu.is_some();
+        let sets = c.entries / c.ways;
         self.locals.get_or(
             || ThreadCache {
-                // In per-CPU mode the thread keeps counters and the bypass
-                // state only.
+                // In per-CPU mode the thread keeps counters and the
+                // schedule only.
                 entries: (0..if per_cpu { 0 } else { c.entries })
-                    .map(|_| Cell::new(empty()))
+                    .map(|i| Cell::new(empty(i / c.ways, 64 - sets.trailing_zeros())))
                     .collect(),
-                set_mask: c.entries / c.ways - 1,
-                ways: c.ways,
+                shift: 64 - sets.trailing_zeros(),
+                ways: c.ways as u32,
+                hits: AtomicU64::new(0),
+                misses: AtomicU64::new(0),
                 victim: Cell::new(0),
-                cached: Cell::new(true),
-                adaptive: c.adaptive,
-                left: Cell::new(if c.adaptive { WARM_UP } else { RUN }),
-                step: Cell::new(if c.adaptive { 0 } else { RUN_STEP }),
-                losses: Cell::new(0),
-                epoch: Cell::new(0),
+                // No trial has epoch `u32::MAX` before 4 Gi trials.
+                epoch: Cell::new(u32::MAX),
+                step: Cell::new(0),
+                left: Cell::new(WARM_UP),
                 started: Cell::new(0),
                 times: Default::default(),
-                busy: Cell::new(false),
-                counters: Counters::default(),
+                bypassed: AtomicU64::new(0),
+                trials: AtomicU64::new(0),
             },
             |_| {},
         )
     }
 
-    pub(crate) fn collect_stats(&self, switch: Switch<'_>) -> HitCacheStats {
+    /// Counters, summed over threads.
+    pub fn stats(&self) -> HitCacheStats {
         let mut s = HitCacheStats::default();
         for l in self.locals.iter() {
             // Relaxed: statistics; no other memory is published with them.
-            s.hits += l.counters.hits.load(Ordering::Relaxed);
-            s.misses += l.counters.misses.load(Ordering::Relaxed);
-            s.bypassed += l.counters.bypassed.load(Ordering::Relaxed);
-            s.nested += l.counters.nested.load(Ordering::Relaxed);
-            s.trials += l.counters.trials.load(Ordering::Relaxed);
+            s.hits += l.hits.load(Ordering::Relaxed);
+            s.misses += l.misses.load(Ordering::Relaxed);
+            s.bypassed += l.bypassed.load(Ordering::Relaxed);
+            s.trials += l.trials.load(Ordering::Relaxed);
             s.threads += 1;
         }
-        // Relaxed: a statistic.
-        s.enabled = switch.is_on();
+        // Relaxed: as above.
+        s.nested = self.nested.load(Ordering::Relaxed);
+        s.enabled = !Self::is_off(self.state());
         let c = self.config;
         match &self.per_cpu {
             Some(pc) => {
@@ -1067,93 +1334,18 @@ impl<A: Answer> HitCache<A> {
 }
 
 impl<A> ThreadCache<A> {
-    /// Counts one lookup against the current step of the schedule.
+    /// The way a fill replaces: round robin.
     #[inline(always)]
-    fn tick(&self, switch: Switch<'_>) {
-        let left = self.left.get() - 1;
-        if left > 0 {
-            self.left.set(left);
-            return;
-        }
-        self.next_step(switch);
+    fn next_victim(&self) -> usize {
+        let v = self.victim.get();
+        self.victim.set(v.wrapping_add(1));
+        v
     }
 
-    /// Ends a step: records a timed window's time, and starts the next
-    /// step (after the last window, the run in the faster mode; after the
-    /// run, a new trial).
-    #[cold]
-    fn next_step(&self, switch: Switch<'_>) {
-        if !self.adaptive {
-            // Always on: one endless run.
-            self.left.set(RUN);
-            return;
-        }
-        if let Switch::Index(_, arm) = switch {
-            let epoch = arm.epoch();
-            if epoch != self.epoch.get() {
-                // Re-armed since this step began: its window may span the
-                // time the cache was off (`rearm`). Start again.
-                self.epoch.set(epoch);
-                self.begin(0);
-                return;
-            }
-        }
-        let now = ticks();
-        let step = self.step.get();
-        if (1..RUN_STEP).contains(&step) {
-            self.times[usize::from(step) - 1].set(now.wrapping_sub(self.started.get()));
-        }
-        let mut next = if step == RUN_STEP { 0 } else { step + 1 };
-        if next == RUN_STEP {
-            let pays = self.cache_pays();
-            Counters::bump(&self.counters.trials);
-            match switch {
-                Switch::Own(enabled) => {
-                    // Relaxed: see `switched_off`. Stored only on a
-                    // change, so the line stays shared while it holds.
-                    if enabled.load(Ordering::Relaxed) != pays {
-                        enabled.store(pays, Ordering::Relaxed);
-                    }
-                    if pays {
-                        self.losses.set(0);
-                    } else {
-                        // Off: the thread's next lookups of switched-off
-                        // caches skip it, `RUN` of them and twice as many
-                        // after every further trial lost in a row; the one
-                        // after runs a new trial here, from the warm-up.
-                        let losses = self.losses.get();
-                        self.losses.set(losses.saturating_add(1));
-                        UNTIL_TRIAL.with(|n| n.set(RUN << losses.min(MAX_BACKOFF)));
-                        next = 0;
-                    }
-                }
-                Switch::Index(word, arm) => {
-                    if pays {
-                        arm.won();
-                    } else {
-                        // Off for every thread until the agent re-arms it;
-                        // this thread then starts from the warm-up, in the
-                        // epoch that re-arm begins.
-                        arm.disarm(word);
-                        self.epoch.set(arm.epoch().wrapping_add(1));
-                        next = 0;
-                    }
-                }
-            }
-        }
-        self.begin(next);
-    }
-
-    /// Starts step `next` of the schedule.
+    /// Starts step `next` of the trial's schedule.
     fn begin(&self, next: u8) {
-        let (cached, len) = match next {
-            0 => (true, WARM_UP),
-            RUN_STEP => (true, RUN),
-            n => (TRIAL[usize::from(n) - 1], WINDOW),
-        };
         self.step.set(next);
-        self.cached.set(cached);
-        self.left.set(len);
+        self.left.set(if next == 0 { WARM_UP } else { WINDOW });
         self.started.set(ticks());
     }
 
@@ -1184,9 +1376,11 @@ fn cache_pays(times: [u64; TRIAL.len()]) -> bool {
     u128::from(cached) * 16 < u128::from(bypassed) * 15
 }
 
+/// The address's hash; its top bits pick the set. A multiply: function
+/// addresses differ in their middle bits, which it carries to the top.
 #[inline(always)]
 fn mix(addr: u64) -> u64 {
-    (addr ^ (addr >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9) >> 24
+    addr.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 #[cfg(all(test, loom))]
@@ -1234,12 +1428,12 @@ mod loom_tests {
                 };
                 let set = [Cell::new(empty), Cell::new(empty)];
                 let index = || record.load(Ordering::Acquire);
-                let (first, hit) = through_set(&*generation, &set, 0, 7, index);
+                let (first, hit) = through_set(&*generation, &set, || 0, 7, index);
                 assert!(!hit && (first == 1 || first == 2));
                 // A lookup that begins after the write returned must not
                 // be answered with the replaced record.
                 if returned.load(Ordering::Acquire) {
-                    let (second, _) = through_set(&*generation, &set, 1, 7, index);
+                    let (second, _) = through_set(&*generation, &set, || 1, 7, index);
                     assert_eq!(
                         second, 2,
                         "hit cache returned a record replaced before the lookup began"
@@ -1285,11 +1479,11 @@ mod loom_tests {
                     loom::thread::spawn(move || {
                         let index = || r.load(Ordering::Acquire);
                         let (first, _): (*mut u32, _) =
-                            through_shared_set(&*g, &set[..], i, 7, index);
+                            through_shared_set(&*g, &set[..], || i, 7, index);
                         assert!(first as usize == p1 || first as usize == p2, "torn entry");
                         if i == 1 && done.load(Ordering::Acquire) {
                             let (second, _): (*mut u32, _) =
-                                through_shared_set(&*g, &set[..], 0, 7, index);
+                                through_shared_set(&*g, &set[..], || 0, 7, index);
                             assert_eq!(
                                 second as usize, p2,
                                 "per-CPU hit cache returned a replaced record"

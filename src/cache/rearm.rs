@@ -1,61 +1,50 @@
-//! Re-arming switched-off index caches, so that a switched-off cache costs
-//! its index's lookups nothing.
+//! The hit cache's switch, and the agent that schedules its trials.
 //!
-//! An index's lookup reads one word of its root table, `fast_above`, and
-//! takes the plain inline lookup for every key above it: 0 when the cache
-//! is off (every key but 0), `u64::MAX` when it is on or due for a trial
-//! (no key: every lookup goes through the cache). A trial that finds the
-//! cache slower stores 0 there, which leaves the lookups of a switched-off
-//! cache exactly the uncached ones: no switch to test, no countdown.
+//! A cache's switch is one word, [`Arm::state`], that every lookup loads:
+//! the cache's key while the cache is on, the key with [`OFF`] while a
+//! trial found it slower, the key with [`TRIAL`] while a trial is due or
+//! running. A thread's lookup takes the hit path only when the word equals
+//! the key the thread's context holds for the cache (`cache/mod.rs`), so
+//! one compare answers "is this the cache I used last, and is it on?";
+//! in the two other states lookups leave the hit path (straight to the
+//! table behind the cache while off; through the trial's schedule while a
+//! trial runs).
 //!
-//! Nothing on that path counts lookups, so nothing on it can start the next
-//! trial. That is the **agent**'s work: one thread per process, started
-//! with the first cached index, that stores `u64::MAX` back after a delay
-//! (64 ms after the first trial lost in a row, doubling with each further
-//! loss up to 8 s), and otherwise sleeps.
+//! Nothing on the hit path counts lookups, so nothing on it can start the
+//! next trial. That is the **agent**'s work: one thread per process,
+//! started with the first cache that has a switch, that sets [`TRIAL`]
+//! when a trial is due ([`RUN`] after a trial the cache won, 64 ms after
+//! the first it lost in a row, doubling with each further loss up to 8 s)
+//! and otherwise sleeps.
 //!
 //! # Invariants
 //!
-//! * **A disarm is async-signal-safe.** The lookup that ends a trial may
-//!   run in a signal handler (or interrupt another lookup's disarm), so it
-//!   only stores atomics, pushes its [`Arm`] on a lock-free stack (a
-//!   compare-exchange loop; a strong count taken with one atomic increment
-//!   keeps the `Arm` alive while the agent holds it) and wakes the agent
-//!   with `FUTEX_WAKE`. The agent reads the clock when it takes it up.
-//! * **The agent writes only a live table's word.** An `Arm` holds the
-//!   address of the current root table's word. The index points it at a
-//!   new root table before publishing that table (so a trial lost on the
-//!   new root is re-armed there) and so before retiring the old one, and
-//!   clears it before freeing its tables on drop
-//!   ([`Arm::retarget`]); then it waits while the agent is inside a
-//!   re-arm of this `Arm`. The agent raises `busy` before it loads the
-//!   target and lowers it after its store (all `SeqCst`: a store-buffering
-//!   pair), so either its load sees the new target, or the index's load of
-//!   `busy` sees it raised and waits for the store to finish. `busy` holds
-//!   the process generation the agent ran in (bumped in every forked child
-//!   by a `pthread_atfork` handler), and only one raised in this
-//!   generation is waited for: in a child, whose agent did not survive,
-//!   one left raised by the parent's is ignored.
-//! * **Trials restart after a re-arm.** A thread that was in the middle of
-//!   a trial when another thread switched the cache off resumes, after the
-//!   re-arm, with a window timed across the whole off period; the re-arm
-//!   bumps an epoch, and a thread that sees a new epoch at a step boundary
-//!   discards its trial and starts again from the warm-up.
+//! * **A decision is async-signal-safe.** The lookup that ends a trial may
+//!   run in a signal handler, so [`Arm::decide`] only stores atomics,
+//!   pushes its [`Arm`] on a lock-free stack (a compare-exchange loop; a
+//!   strong count taken with one atomic increment keeps the `Arm` alive
+//!   while the agent holds it) and wakes the agent with `FUTEX_WAKE`. The
+//!   agent reads the clock when it takes the `Arm` up.
+//! * **The agent writes only its own `Arm`s.** The switch lives in the
+//!   `Arm`, which the cache and the agent share by reference count: the
+//!   agent never writes memory the cache frees. A dropped cache marks its
+//!   `Arm` closed, and the agent lets it go at its next due time.
+//! * **One decision per trial.** The agent bumps the `Arm`'s epoch as it
+//!   starts a trial; a thread's schedule runs in the epoch it started in,
+//!   and a decision of an older epoch (a thread that was in the middle of
+//!   a trial another thread decided) changes nothing.
 //!
-//! After `fork`, the child has no agent until it builds a cached index, and
-//! the parent's agent's schedule is gone with it: a cache that was off at
-//! the fork stays off in the child until a resize or `clear` gives its
-//! index a new root table (which starts armed). An `Arm` caught mid-push
-//! or mid-pop by the fork stays marked queued in the child, so its later
-//! lost trials are not re-armed either (until the next new root table);
-//! its lookups stay correct, only uncached.
+//! After `fork`, the child has no agent until it builds a cache with a
+//! switch, and the parent's agent's schedule is gone with it: a cache that
+//! was off at the fork stays off in the child, and one that was on stays
+//! on without further trials. Its lookups stay correct.
 
 use std::ptr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-// Unmodelled: the agent is a real thread, outside any loom model, and
-// `fast_above` is a hint (a lookup is correct with either value).
+// Unmodelled: the agent is a real thread, outside any loom model, and the
+// switch is a hint (a lookup is correct in every state).
 use crate::sync::unmodelled::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::atomic::Ordering;
 
@@ -63,92 +52,91 @@ use std::sync::atomic::Ordering;
 /// to `BASE << MAX_DOUBLINGS`.
 const BASE: Duration = Duration::from_millis(64);
 const MAX_DOUBLINGS: u32 = 7;
+/// How long a cache that won its trial stays on before the next trial.
+pub(crate) const RUN: Duration = Duration::from_millis(256);
 
-/// Value of `fast_above` that sends every lookup through the cache.
-pub(crate) const ARMED: u64 = u64::MAX;
-/// Value of `fast_above` that sends every non-zero key past it.
-const DISARMED: u64 = 0;
+/// The switch's bit for "off".
+pub(crate) const OFF: u64 = 1 << 63;
+/// The switch's bit for "a trial is due or running".
+pub(crate) const TRIAL: u64 = 1 << 62;
 
-/// One index cache's re-arm state, shared with the agent.
+/// One cache's switch and its schedule, shared with the agent.
 pub(crate) struct Arm {
-    /// The current root table's `fast_above` word; null once the index is
-    /// being dropped.
-    target: AtomicPtr<AtomicU64>,
-    /// The process generation ([`generation`]) while the agent is between
-    /// its load of `target` and its store through it, else 0 (module docs).
-    busy: AtomicUsize,
-    /// On the agent's stack (or held by it) since a disarm.
+    /// The switch: `key`, `key | OFF` or `key | TRIAL` (module docs).
+    pub(crate) state: AtomicU64,
+    /// The switch as a bound for a table that composes the cache in front
+    /// of its lookups (`AddrIndex`): keys above it skip the cache. 0 while
+    /// off, `u64::MAX` otherwise; stored after `state` by whoever changes
+    /// it. A hint: a lookup is correct whichever path it takes (the
+    /// cache's path reads `state` again).
+    pub(crate) bound: AtomicU64,
+    /// The cache's key (below [`TRIAL`]).
+    key: u64,
+    /// Trials started so far; decisions of older ones are ignored.
+    epoch: AtomicU32,
+    /// On the agent's stack (or held by it) since a decision.
     queued: AtomicBool,
     /// The next `Arm` on the agent's stack.
     next: AtomicPtr<Arm>,
     /// Trials lost in a row (the delay's doublings).
     losses: AtomicU32,
-    /// Re-arms so far; trials started before one are discarded.
-    epoch: AtomicU32,
+    /// The cache was dropped: the agent lets the `Arm` go.
+    closed: AtomicBool,
 }
 
 impl Arm {
-    /// A new arm pointing at `word`; starts the agent if this process has
-    /// none.
-    pub(crate) fn new(word: &AtomicU64) -> Arc<Self> {
-        start_agent();
+    /// The switch of the cache with `key`: starting with a trial when
+    /// `adaptive` (and then starting the agent if this process has none),
+    /// else on for good.
+    pub(crate) fn new(key: u64, adaptive: bool) -> Arc<Self> {
+        debug_assert!(key != 0 && key < TRIAL);
+        if adaptive {
+            start_agent();
+        }
         Arc::new(Self {
-            target: AtomicPtr::new(ptr::from_ref(word).cast_mut()),
-            busy: AtomicUsize::new(0),
+            state: AtomicU64::new(if adaptive { key | TRIAL } else { key }),
+            bound: AtomicU64::new(u64::MAX),
+            key,
+            epoch: AtomicU32::new(0),
             queued: AtomicBool::new(false),
             next: AtomicPtr::new(ptr::null_mut()),
             losses: AtomicU32::new(0),
-            epoch: AtomicU32::new(0),
+            closed: AtomicBool::new(false),
         })
     }
 
-    /// Points the agent at a new root table's word (`None`: the index is
-    /// being dropped), and returns once the agent can no longer store into
-    /// the old one. The caller publishes the new table after this and
-    /// retires (or frees) the old one after that.
-    pub(crate) fn retarget(&self, word: Option<&AtomicU64>) {
-        // SeqCst: the store-buffering pair with the agent's `busy` store
-        // and `target` load (module docs).
-        self.target.store(
-            word.map_or(ptr::null_mut(), |w| ptr::from_ref(w).cast_mut()),
-            Ordering::SeqCst,
-        );
-        // SeqCst: as above; seeing `busy` lowered means the agent's store
-        // through the old target (if any) is done, or its load will see
-        // the new one.
-        let me = generation();
-        while self.busy.load(Ordering::SeqCst) == me {
-            std::thread::yield_now();
-        }
-    }
-
-    /// The re-arm epoch (see the module docs).
+    /// The trial epoch (module docs).
     #[inline]
     pub(crate) fn epoch(&self) -> u32 {
         // Relaxed: a hint for a thread's schedule; it orders nothing.
         self.epoch.load(Ordering::Relaxed)
     }
 
-    /// A trial found the cache faster: the next loss waits the base delay.
-    pub(crate) fn won(&self) {
-        // Relaxed: a count only the delay depends on.
-        if self.losses.load(Ordering::Relaxed) != 0 {
-            self.losses.store(0, Ordering::Relaxed);
+    /// Ends the trial of `epoch`: the cache goes on (`pays`) or off, and
+    /// the agent schedules the next trial. Nothing when another thread's
+    /// decision ended that trial first. Async-signal-safe.
+    pub(crate) fn decide(self: &Arc<Self>, epoch: u32, pays: bool) {
+        if self.epoch() != epoch {
+            return;
         }
-    }
-
-    /// A trial found the cache slower: switch it off in `word` (the root
-    /// table the caller's lookup is reading) and have the agent re-arm it
-    /// after the delay. Async-signal-safe.
-    pub(crate) fn disarm(self: &Arc<Self>, word: &AtomicU64) {
-        // Relaxed: `fast_above` is a hint that publishes nothing (a lookup
-        // that reads either value is correct).
-        word.store(DISARMED, Ordering::Relaxed);
+        let to = if pays { self.key } else { self.key | OFF };
+        // Relaxed: the switch publishes nothing (module docs); the
+        // compare-exchange keeps one decision per trial.
+        if self
+            .state
+            .compare_exchange(self.key | TRIAL, to, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
         let n = self.losses.load(Ordering::Relaxed);
-        self.losses.store(n.saturating_add(1), Ordering::Relaxed);
+        self.losses.store(
+            if pays { 0 } else { n.saturating_add(1) },
+            Ordering::Relaxed,
+        );
         // Acquire: pairs with the agent's Release store of `false`, which
         // follows its last read of `next`; the store to `next` below
-        // cannot reach that read. A second disarm before the agent took
+        // cannot reach that read. A second decision before the agent took
         // the first up only finds it queued.
         if self.queued.swap(true, Ordering::Acquire) {
             wake();
@@ -170,6 +158,12 @@ impl Arm {
         }
         wake();
     }
+
+    /// The cache is being dropped: the agent lets the `Arm` go.
+    pub(crate) fn close(&self) {
+        // Relaxed: the agent only stops re-arming; nothing is published.
+        self.closed.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Arms disarmed since the agent last looked (a Treiber stack the agent
@@ -179,36 +173,9 @@ static PENDING: AtomicPtr<Arm> = AtomicPtr::new(ptr::null_mut());
 static WAKE: AtomicU32 = AtomicU32::new(0);
 /// The process the agent thread was started in (0: none).
 static AGENT_PID: AtomicUsize = AtomicUsize::new(0);
-/// This process's generation: 1, plus one per `fork` since the handler was
-/// installed (never 0, the value of a lowered `busy`).
-static GENERATION: AtomicUsize = AtomicUsize::new(1);
-
-fn generation() -> usize {
-    // Relaxed: written only by the fork handler, in the child's one thread
-    // before anything else runs there.
-    GENERATION.load(Ordering::Relaxed)
-}
-
-/// Installs the fork handler that bumps [`GENERATION`] in the child, once,
-/// before the first agent can raise a `busy`.
-fn install_fork_handler() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        #[cfg(not(miri))]
-        {
-            extern "C" fn child() {
-                // Relaxed: see `generation`.
-                GENERATION.fetch_add(1, Ordering::Relaxed);
-            }
-            // The handler only increments an atomic (async-signal-safe).
-            let _ = crate::sys::fork::on_fork_child(child);
-        }
-    });
-}
 
 /// Starts the agent unless one runs in this process.
 fn start_agent() {
-    install_fork_handler();
     let pid = std::process::id() as usize;
     // Relaxed: only this function writes `AGENT_PID`; two racing starts
     // in one process are told apart by the swap.
@@ -219,13 +186,14 @@ fn start_agent() {
         .name("fprobe-cache".into())
         .spawn(run);
     if spawned.is_err() {
-        // No agent: switched-off caches stay off until a resize re-arms
-        // them; the next cached index tries again.
+        // No agent: switched-off caches stay off, switched-on ones run
+        // without trials; the next cache with a switch tries again.
         AGENT_PID.store(0, Ordering::Relaxed);
     }
 }
 
-/// The agent: takes up disarmed arms, re-arms each when its delay is up.
+/// The agent: takes up decided arms, starts each one's next trial when its
+/// delay is up.
 fn run() {
     let start = Instant::now();
     let mut scheduled: Vec<(u64, Arc<Arm>)> = Vec::new();
@@ -244,8 +212,11 @@ fn run() {
             // `next` above is done before a later disarm may push it again
             // (and write `next`). `scheduled` keeps one entry per arm.
             arm.queued.store(false, Ordering::Release);
-            let n = arm.losses.load(Ordering::Relaxed).max(1) - 1;
-            let due = now + (BASE * (1 << n.min(MAX_DOUBLINGS))).as_nanos() as u64;
+            let delay = match arm.losses.load(Ordering::Relaxed) {
+                0 => RUN,
+                n => BASE * (1 << (n - 1).min(MAX_DOUBLINGS)),
+            };
+            let due = now + delay.as_nanos() as u64;
             match scheduled.iter_mut().find(|(_, a)| Arc::ptr_eq(a, &arm)) {
                 Some(entry) => entry.0 = due,
                 None => scheduled.push((due, arm)),
@@ -266,21 +237,18 @@ fn run() {
     }
 }
 
-/// Switches `arm`'s cache back on, unless its index is being dropped.
+/// Starts `arm`'s next trial, unless its cache was dropped.
 fn rearm(arm: &Arm) {
-    // SeqCst: the store-buffering pair with `retarget` (module docs).
-    arm.busy.store(generation(), Ordering::SeqCst);
-    let t = arm.target.load(Ordering::SeqCst);
-    // SAFETY: null, or the word of a table that `retarget` has not let go
-    // of yet: it waits for `busy` to fall before the table can be retired
-    // or freed (module docs).
-    if let Some(word) = unsafe { t.as_ref() } {
-        // Relaxed: the epoch is a hint (see `Arm::epoch`).
-        arm.epoch.fetch_add(1, Ordering::Relaxed);
-        word.store(ARMED, Ordering::Relaxed);
+    // Relaxed: see `Arm::close`.
+    if arm.closed.load(Ordering::Relaxed) {
+        return;
     }
-    // SeqCst: as above.
-    arm.busy.store(0, Ordering::SeqCst);
+    // Relaxed: the epoch and the switch are hints (module docs); a thread
+    // that sees the new state before the new epoch runs its schedule in
+    // the old epoch, whose decision is then ignored.
+    arm.epoch.fetch_add(1, Ordering::Relaxed);
+    arm.state.store(arm.key | TRIAL, Ordering::Relaxed);
+    arm.bound.store(u64::MAX, Ordering::Relaxed);
 }
 
 /// Wakes the agent. Async-signal-safe: one atomic and one system call.

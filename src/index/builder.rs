@@ -210,16 +210,19 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
             (cpus * 4).next_power_of_two().clamp(8, 1024)
         });
         let seed = self.seed.unwrap_or_else(random_seed);
-        Ok(AddrIndex::from_raw(RawIndex::new(Config {
-            initial_capacity: capacity_presized(self.capacity, self.min_capacity),
-            min_capacity: self.min_capacity,
-            max_addresses: self.max_addresses,
-            auto_shrink: self.auto_shrink,
-            seed,
-            stripes,
-            hit_cache: self.hit_cache,
-            huge_pages: self.huge_pages,
-        })))
+        Ok(AddrIndex::from_raw(
+            RawIndex::new(Config {
+                initial_capacity: capacity_presized(self.capacity, self.min_capacity),
+                min_capacity: self.min_capacity,
+                max_addresses: self.max_addresses,
+                auto_shrink: self.auto_shrink,
+                seed,
+                stripes,
+                count_writes: self.hit_cache.is_some(),
+                huge_pages: self.huge_pages,
+            }),
+            self.hit_cache,
+        ))
     }
 }
 

@@ -118,6 +118,7 @@ use std::marker::PhantomData;
 pub use builder::AddrIndexBuilder;
 use raw::{RawIndex, RawIter};
 
+use crate::cache::{HitCache, HitCacheConfig, Span};
 use crate::error::{Error, InsertError, InsertManyError};
 use crate::rcu::{self, ReadGuard};
 
@@ -142,6 +143,10 @@ impl EntryId {
         Self(raw)
     }
 }
+
+/// The bound of an index without a cache: every address but 0 takes the
+/// plain lookup.
+static NO_CACHE: crate::sync::unmodelled::AtomicU64 = crate::sync::unmodelled::AtomicU64::new(0);
 
 /// A concurrent multi-map from `u64` addresses to values.
 ///
@@ -171,8 +176,26 @@ impl EntryId {
 /// assert_eq!(index.lookup(0x1000, |v| v.to_vec()), Some(vec!["entry handler B"]));
 /// ```
 pub struct AddrIndex<V: Clone + Send + Sync + 'static> {
+    /// The recent-hit cache in front of the lookups, when configured,
+    /// checked against the raw index's write sequence. Declared before
+    /// `raw`, so it goes first.
+    cache: Option<Box<HitCache<Span>>>,
+    /// Addresses above the word this points at take the plain inline
+    /// lookup: [`NO_CACHE`] (0: every address but 0, which the tables keep
+    /// apart) without a cache, else the cache's bound (0 while its switch
+    /// is off, `u64::MAX` while it is on). One compare answers "is there a
+    /// cache, is it on, is the address 0?". Invariant: points at
+    /// `NO_CACHE` or into `cache`, which lives as long as `self`.
+    plain_above: *const crate::sync::unmodelled::AtomicU64,
     raw: RawIndex<V>,
 }
+
+// SAFETY: `plain_above` points at a static atomic or into `cache`, owned by
+// the index; everything else is `RawIndex` (Send when `V: Send`) and the
+// cache (Send and Sync). The pointer adds no thread affinity.
+unsafe impl<V: Clone + Send + Sync + 'static> Send for AddrIndex<V> {}
+// SAFETY: as for `Send`; the pointed-to word is an atomic.
+unsafe impl<V: Clone + Send + Sync + 'static> Sync for AddrIndex<V> {}
 
 impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
     /// An empty index with the default configuration (see
@@ -210,8 +233,85 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
         AddrIndexBuilder::new()
     }
 
-    pub(crate) fn from_raw(raw: RawIndex<V>) -> Self {
-        Self { raw }
+    /// The index of `raw`, with a hit cache of `cache` in front of its
+    /// lookups (`raw` then keeps a write sequence).
+    pub(crate) fn from_raw(raw: RawIndex<V>, cache: Option<HitCacheConfig>) -> Self {
+        let cache = cache.map(|c| {
+            let sequence = raw
+                .write_sequence()
+                .expect("an index with a hit cache keeps a write sequence");
+            // `raw` advances it after every publish or unlink and before
+            // retiring the old record.
+            Box::new(HitCache::with_sequence(c, sequence))
+        });
+        let plain_above = match &cache {
+            Some(c) => std::ptr::from_ref(c.bound()),
+            None => &NO_CACHE,
+        };
+        Self {
+            cache,
+            plain_above,
+            raw,
+        }
+    }
+
+    /// `addr`'s values, through the hit cache when there is one and it is
+    /// on.
+    ///
+    /// # Safety
+    ///
+    /// The caller is inside a read-side section for `'g`.
+    #[inline(always)]
+    unsafe fn values(&self, addr: u64) -> &[V] {
+        // SAFETY: the field's invariant.
+        let bound = unsafe { &*self.plain_above };
+        // Relaxed: a hint (`HitCache::bound`).
+        if addr > bound.load(std::sync::atomic::Ordering::Relaxed) {
+            // SAFETY: the caller's section; `addr` is not 0.
+            return unsafe { self.raw.get_nonzero(addr) };
+        }
+        // SAFETY: the caller's section.
+        unsafe { self.values_slow(addr) }
+    }
+
+    /// [`values`](Self::values) of address 0, or through the cache: out of
+    /// line, so that the lookup of an index without a cache stays the
+    /// plain one (inlined, the cache's path took registers from it).
+    ///
+    /// # Safety
+    ///
+    /// As for [`values`](Self::values).
+    #[inline(never)]
+    unsafe fn values_slow(&self, addr: u64) -> &[V] {
+        match self.cache.as_deref() {
+            // SAFETY: the caller's section.
+            None => unsafe { self.raw.get(addr) },
+            // SAFETY: the caller's section.
+            Some(c) => unsafe { self.values_cached(c, addr) },
+        }
+    }
+
+    /// [`values`](Self::values) through the cache.
+    ///
+    /// # Safety
+    ///
+    /// As for [`values`](Self::values).
+    #[inline(always)]
+    unsafe fn values_cached<'g>(&'g self, c: &HitCache<Span>, addr: u64) -> &'g [V] {
+        let state = c.state();
+        if HitCache::<Span>::is_off(state) {
+            // SAFETY: the caller's section.
+            return unsafe { self.raw.get(addr) };
+        }
+        let span = c.lookup_on(state, addr, || {
+            // SAFETY: the caller's section.
+            Span::of::<V>(unsafe { self.raw.get(addr) })
+        });
+        // SAFETY: a span of `V`s found under the write sequence number the
+        // cache checked, in this section (or an earlier one of the thread,
+        // under the same number): the record is retired only after the
+        // sequence moves on, so it lives as long as the caller's section.
+        unsafe { span.values() }
     }
 
     /// Adds `value` to `addr`'s values (after any it already has).
@@ -432,7 +532,7 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
     pub fn get<'g>(&'g self, addr: u64, _guard: &'g ReadGuard) -> &'g [V] {
         // SAFETY: `_guard` is a live read-side section for `'g`, and `self`
         // is borrowed for `'g`.
-        unsafe { self.raw.get(addr) }
+        unsafe { self.values(addr) }
     }
 
     /// [`get`](Self::get) inside a read-side section the caller holds in a
@@ -446,7 +546,7 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
     #[inline(always)]
     pub(crate) unsafe fn get_in_section(&self, addr: u64) -> &[V] {
         // SAFETY: forwarded contract; `self` is borrowed for `'g`.
-        unsafe { self.raw.get(addr) }
+        unsafe { self.values(addr) }
     }
 
     /// Every value of `addr` with its id, as parallel slices.
@@ -575,7 +675,7 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
     /// assert_eq!((s.misses, s.hits), (1, 2));
     /// ```
     pub fn hit_cache_stats(&self) -> Option<crate::cache::HitCacheStats> {
-        self.raw.hit_cache_stats()
+        self.cache.as_ref().map(|c| c.stats())
     }
 
     /// Table statistics: capacity, load, probe lengths, resizes, memory.

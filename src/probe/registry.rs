@@ -222,7 +222,7 @@ pub struct Registry<C: 'static> {
     /// a stack cached in a thread's context under the current key belongs
     /// to the current pairing epoch (the key is the epoch; see
     /// `local_outermost` in `dispatch.rs`).
-    pub(super) locals: PerThread<ShadowStack, { CacheSlot::Registry as usize }>,
+    pub(super) locals: PerThread<ShadowStack, { CacheSlot::Context as usize }>,
     /// Words of each thread's shadow stack.
     pub(super) stack_words: usize,
     /// Largest per-call data a probe may ask for, in bytes.

@@ -4,10 +4,8 @@
 //!
 //! # Readers
 //!
-//! `lookup(key)`: load `root`; one compare of the key against a bound on
-//! its first line (`Table::fast_above`) sends address 0 (kept in each
-//! table's `zero` slot) and every lookup of an index whose hit cache
-//! (`cache/`) is on off the fast path; the rest probe it; a live record
+//! `lookup(key)`: load `root`; address 0 (kept in each table's `zero`
+//! slot) leaves the fast path; the rest probe it; a live record
 //! ends the search; null (absent or tombstone) or `MOVED` sends the reader on to
 //! `table.future` until there is none. No lock, no store, no fence, no
 //! atomic read-modify-write; `Acquire` loads only (plain loads on x86).
@@ -94,7 +92,8 @@ pub(crate) struct Config {
     pub(crate) auto_shrink: bool,
     pub(crate) seed: u64,
     pub(crate) stripes: usize,
-    pub(crate) hit_cache: Option<crate::cache::HitCacheConfig>,
+    /// Keep a write sequence ([`RawIndex::write_sequence`]).
+    pub(crate) count_writes: bool,
     /// Tables of 8 MiB and more on transparent huge pages (`slots.rs`).
     pub(crate) huge_pages: bool,
 }
@@ -169,18 +168,13 @@ struct Root {
 /// and writers looking up their stripe do not meet the resize lock's line.
 #[repr(C)]
 pub(crate) struct RawIndex<V> {
-    /// The current table (whose first line holds the test that sends a
-    /// lookup past the fast path, `Table::fast_above`).
+    /// The current table.
     root: CachePadded<Root>,
-    /// The recent-hit cache, when configured; writers bump its generation.
-    /// Lookups test it only off the fast path (`Table::fast_above`).
-    ///
-    /// Boxed: the test for "no cache" is then one null check of a pointer
-    /// (an inline `Option<HitCache>` was a two-branch test of a niche tag).
-    pub(crate) cache: Option<Box<crate::cache::HitCache<*mut Header>>>,
-    /// With a cache: its switch's re-arm state, pointed at the root
-    /// table's `fast_above` (`cache::rearm`).
-    arm: Option<std::sync::Arc<crate::cache::Arm>>,
+    /// The write sequence, when configured: advanced after every write
+    /// that publishes or unlinks a record, before the old record is
+    /// retired ([`RawIndex::write_sequence`]). On lines of its own, shared
+    /// with the caches in front of the index.
+    writes: Option<std::sync::Arc<CachePadded<crate::sync::unmodelled::AtomicU64>>>,
     config: Config,
     stripes: Box<[CachePadded<Stripe>]>,
     stripe_mask: usize,
@@ -250,11 +244,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         root.prefault(0, root.slot_count());
         let root = Box::into_raw(root);
         Self {
-            arm: config.hit_cache.map(|_| {
-                // SAFETY: just allocated, not yet shared.
-                let t = unsafe { &*root };
-                t.fast_above.store(crate::cache::ARMED, Ordering::Relaxed);
-                crate::cache::Arm::new(&t.fast_above)
+            writes: config.count_writes.then(|| {
+                std::sync::Arc::new(CachePadded(crate::sync::unmodelled::AtomicU64::new(0)))
             }),
             root: CachePadded(Root {
                 ptr: AtomicPtr::new(root),
@@ -282,37 +273,44 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             resizes: AtomicU64::new(0),
             rehashes: AtomicU64::new(0),
             rehash_pending: AtomicBool::new(false),
-            cache: config
-                .hit_cache
-                .map(|c| Box::new(crate::cache::HitCache::with_valid(c))),
             config,
             _values: PhantomData,
             shared: SharedCounts::default(),
         }
     }
 
-    /// A record was published or unlinked: invalidate hit caches. After the
-    /// publish, before retiring the old record (`cache` module docs).
+    /// A record was published or unlinked: advance the write sequence.
+    /// After the publish, before retiring the old record
+    /// ([`RawIndex::write_sequence`]).
     #[inline]
     fn bump(&self) {
-        if let Some(c) = &self.cache {
-            c.invalidate();
+        if let Some(w) = &self.writes {
+            // Release: pairs with the Acquire load of a reader of the
+            // sequence that then finds the new sequence number: it sees the
+            // publish or unlink too.
+            w.fetch_add(1, Ordering::Release);
         }
     }
 
-    /// The hit cache's counters, with the index's switch.
-    pub(crate) fn hit_cache_stats(&self) -> Option<crate::cache::HitCacheStats> {
-        let (c, arm) = (self.cache.as_ref()?, self.arm.as_ref()?);
-        let _guard = crate::rcu::read_lock();
-        // SAFETY: the root stays allocated while the guard lives.
-        let word = unsafe { &(*self.root.ptr.load(Ordering::Acquire)).fast_above };
-        Some(c.collect_stats(crate::cache::Switch::Index(word, arm)))
+    /// The write sequence, when the index keeps one: a count of the
+    /// writes that published or unlinked a record, advanced (with
+    /// `Release`) after the publish and before the old record is retired.
+    /// What a cache in front of the index needs to never be stale: an
+    /// answer computed after loading sequence number `n` (with `Acquire`)
+    /// is the current one for as long as the sequence still reads `n`,
+    /// and a record found then stays alive while the read-side section
+    /// that loaded `n` lasts (the retire follows the advance). Resizes
+    /// and migrations move records without changing them and do not
+    /// advance it.
+    pub(crate) fn write_sequence(
+        &self,
+    ) -> Option<std::sync::Arc<CachePadded<crate::sync::unmodelled::AtomicU64>>> {
+        self.writes.clone()
     }
 
     // ---------------------------------------------------------------- reads
 
-    /// The record of `key`, or null, through the hit cache when there is
-    /// one. The caller holds a read guard.
+    /// The record of `key`, or null. The caller holds a read guard.
     #[inline(always)]
     pub(crate) fn lookup_raw(&self, key: u64) -> *mut Header {
         self.lookup_then(key, NonNull::as_ptr, ptr::null_mut)
@@ -329,98 +327,61 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         found: impl FnOnce(NonNull<Header>) -> R,
         absent: impl FnOnce() -> R,
     ) -> R {
-        // Acquire: as in `lookup_uncached_then`.
-        let root = self.root.ptr.load(Ordering::Acquire);
-        // SAFETY: `root` stays allocated while the caller's read guard
-        // lives (struct invariant).
-        let t = unsafe { &*root };
-        // No cache, or a switched-off one, and a key other than 0
-        // (`Table::fast_above`): one inline copy of the plain lookup.
-        // Relaxed: a hint (`Table::fast_above`).
-        if key > t.fast_above.load(Ordering::Relaxed) {
-            // SAFETY: as above, for `root` and every `future` after it.
-            return unsafe { table::lookup_chain(root, key, Table::lookup_nonzero, found, absent) };
+        // A key other than 0: one inline copy of the plain lookup.
+        if key != 0 {
+            // SAFETY: `key` is not 0.
+            return unsafe { self.lookup_nonzero_then(key, found, absent) };
         }
-        self.lookup_slow(t, key, found, absent)
+        self.lookup_zero(found, absent)
     }
 
-    /// [`RawIndex::lookup_then`] off its fast path: key 0, or a cache that
-    /// is on (or due for a trial). `root` is the root table the fast path
-    /// read, alive under the caller's guard.
-    #[inline(never)]
-    fn lookup_slow<R>(
+    /// [`RawIndex::lookup_then`] for a key known not to be 0.
+    ///
+    /// # Safety
+    ///
+    /// `key != 0`, and the caller holds a read guard.
+    #[inline(always)]
+    unsafe fn lookup_nonzero_then<R>(
         &self,
-        root: &Table,
         key: u64,
         found: impl FnOnce(NonNull<Header>) -> R,
         absent: impl FnOnce() -> R,
     ) -> R {
-        match (&self.cache, &self.arm) {
-            // Key 0 comes here whatever the switch says.
-            // Relaxed: a hint (`Table::fast_above`).
-            (Some(c), Some(arm))
-                if root.fast_above.load(Ordering::Relaxed) == crate::cache::ARMED =>
-            {
-                NonNull::new(self.lookup_cached(c, arm, &root.fast_above, key))
-                    .map_or_else(absent, found)
-            }
-            _ => self.lookup_uncached_then(key, Table::lookup, found, absent),
-        }
+        debug_assert!(key != 0);
+        // Acquire: as in `lookup_chain_then`.
+        let root = self.root.ptr.load(Ordering::Acquire);
+        // SAFETY: `root` and every `future` reachable from it stay
+        // allocated while the caller's read guard lives (struct
+        // invariant); `key` is not 0, as `Table::lookup_nonzero` needs.
+        unsafe { table::lookup_chain(root, key, Table::lookup_nonzero, found, absent) }
     }
 
-    /// [`RawIndex::lookup_raw`] through the hit cache, whose switch is
-    /// `word` (the root table's `fast_above`). Out of line: inlined, its
-    /// code took registers from the uncached lookup around it (the key and
-    /// `self` were spilled to the stack on every lookup).
+    /// [`RawIndex::lookup_then`] for key 0, kept in each table's `zero`
+    /// slot: out of line, so the inline path is the nonzero one.
     #[inline(never)]
-    fn lookup_cached(
+    fn lookup_zero<R>(
         &self,
-        c: &crate::cache::HitCache<*mut Header>,
-        arm: &std::sync::Arc<crate::cache::Arm>,
-        word: &crate::sync::unmodelled::AtomicU64,
-        key: u64,
-    ) -> *mut Header {
-        c.lookup_through(key, crate::cache::Switch::Index(word, arm), || {
-            self.lookup_uncached(key)
-        })
+        found: impl FnOnce(NonNull<Header>) -> R,
+        absent: impl FnOnce() -> R,
+    ) -> R {
+        self.lookup_chain_then(0, Table::lookup, found, absent)
     }
 
-    /// Points the cache's switch at `fresh`, armed (a new table starts with
-    /// a trial), and publishes it as the root table (`Release`, pairing with
-    /// the lookups' `Acquire` loads of `root`); returns the old root, which
-    /// the caller retires only after this returned (`cache::rearm`: the
-    /// agent writes only a live table's word).
+    /// Publishes `fresh` as the root table (`Release`, pairing with the
+    /// lookups' `Acquire` loads of `root`); returns the old root, which the
+    /// caller retires.
     fn publish_root(&self, fresh: *mut Table) -> *mut Table {
-        if let Some(arm) = &self.arm {
-            // SAFETY: `fresh` is allocated, and freed only after a later
-            // `publish_root` or the drop, both of which retarget first. It
-            // may be reachable already (as the root's `future`), but no
-            // lookup reads a table's `fast_above` before it is the root.
-            let t = unsafe { &*fresh };
-            // Relaxed: published by the Release swap below.
-            t.fast_above.store(crate::cache::ARMED, Ordering::Relaxed);
-            // Before the swap: a trial lost on the fresh root (once it is
-            // published) is re-armed in the fresh root, never only in the
-            // old one (where a re-arm would be lost to the lookups).
-            arm.retarget(Some(&t.fast_above));
-        }
         // AcqRel: Release publishes the fresh table; Acquire makes the old
         // chain ours to retire.
         self.root.ptr.swap(fresh, Ordering::AcqRel)
     }
 
-    /// The record of `key`, or null, from the tables. The caller holds a
-    /// read guard.
+    /// The record of `key` from the tables, handed to `found` as in
+    /// [`RawIndex::lookup_then`], with `step` the lookup in one table
+    /// ([`Table::lookup_nonzero`] only for a key that is not 0). The
+    /// caller holds a read guard.
     #[inline(always)]
-    pub(crate) fn lookup_uncached(&self, key: u64) -> *mut Header {
-        self.lookup_uncached_then(key, Table::lookup, NonNull::as_ptr, ptr::null_mut)
-    }
-
-    /// [`RawIndex::lookup_uncached`] with the record handed to `found`, as
-    /// in [`RawIndex::lookup_then`], and `step` the lookup in one table
-    /// ([`Table::lookup_nonzero`] only for a key that is not 0).
-    #[inline(always)]
-    fn lookup_uncached_then<R>(
+    fn lookup_chain_then<R>(
         &self,
         key: u64,
         step: impl Fn(&Table, u64) -> *mut Header,
@@ -452,6 +413,22 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             },
             || &[],
         )
+    }
+
+    /// [`RawIndex::get`] for a key known not to be 0.
+    ///
+    /// # Safety
+    ///
+    /// As for [`RawIndex::get`], and `key != 0`.
+    #[inline(always)]
+    pub(crate) unsafe fn get_nonzero<'g>(&self, key: u64) -> &'g [V] {
+        let found = |rec: NonNull<Header>| {
+            // SAFETY: a live record of `V`s, kept alive by the caller's
+            // guard.
+            unsafe { RecordPtr::<V>::from_raw(rec.as_ptr()).values() }
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.lookup_nonzero_then(key, found, || &[]) }
     }
 
     /// Values and ids of `key`.
@@ -1032,10 +1009,6 @@ unsafe fn free_chain<V>(
 
 impl<V> Drop for RawIndex<V> {
     fn drop(&mut self) {
-        // The agent stops writing into the tables before they go.
-        if let Some(arm) = &self.arm {
-            arm.retarget(None);
-        }
         // SAFETY: `&mut self`: no reader borrows the index (lookups borrow
         // `&'g self`), no writer runs; the chain is ours.
         unsafe { free_chain::<V>(self.root.ptr.load(Ordering::Relaxed), None) }
@@ -1110,7 +1083,7 @@ mod layout {
     fn readers_and_stripe_lookups_share_no_line_pair_with_the_resize_lock() {
         type R = super::RawIndex<u64>;
         let pair = |offset: usize| offset / 128;
-        let read_by_lookups = [offset_of!(R, root), offset_of!(R, cache)];
+        let read_by_lookups = [offset_of!(R, root), offset_of!(R, writes)];
         let read_by_writers = [offset_of!(R, stripes), offset_of!(R, stripe_mask)];
         for hot in [offset_of!(R, resize), offset_of!(R, limited_addrs)] {
             for read in read_by_lookups.iter().chain(&read_by_writers) {
@@ -1121,6 +1094,6 @@ mod layout {
             pair(offset_of!(R, resize)),
             pair(offset_of!(R, limited_addrs))
         );
-        assert_ne!(pair(offset_of!(R, root)), pair(offset_of!(R, cache)));
+        assert_ne!(pair(offset_of!(R, root)), pair(offset_of!(R, writes)));
     }
 }

@@ -490,7 +490,7 @@ mod tests {
             auto_shrink: true,
             seed: 1,
             stripes: 1,
-            hit_cache: None,
+            count_writes: false,
             huge_pages: true,
         }
     }

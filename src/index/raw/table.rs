@@ -147,7 +147,7 @@ pub(crate) const GROW_AT: (usize, usize) = (1, 2);
 pub(crate) const FORCE_AT: (usize, usize) = (9, 10);
 
 /// `repr(C)`, what the lookup's fast path reads first: the slot array's
-/// pointer, `shift`, the hasher and `fast_above` share the first 64-byte
+/// pointer, `shift` and the hasher share the first 64-byte
 /// line (a test checks it); `claimed`, written by every claim, is on a
 /// line of its own.
 #[repr(C)]
@@ -162,15 +162,6 @@ pub(crate) struct Table {
     /// `64 - log2(capacity)`: a hash's top bits are its home slot.
     shift: u32,
     hasher: Hasher,
-    /// Keys above this bound take the lookup's inline fast path, the
-    /// others its slow one (read only in the root table): 0 without a hit
-    /// cache or with a switched-off one (address 0 alone is slow: it lives
-    /// in `zero` rather than in the slots), `u64::MAX` while the cache is
-    /// on or due for a trial (`cache::rearm`). On the line the lookup reads
-    /// for `shift` and the hasher, so the test costs no load of its own;
-    /// one compare replaces "is there a cache, is it on, is the key 0?".
-    /// Unmodelled: a hint, a lookup is correct with either value.
-    pub(crate) fast_above: crate::sync::unmodelled::AtomicU64,
     /// `capacity`: the index of the extra slot, where a probe wraps to 0.
     last: usize,
     /// The slot of key 0.
@@ -203,7 +194,6 @@ impl Table {
             shift: 64 - capacity.trailing_zeros(),
             hasher: Hasher::new(seed),
             zero: Slot::default(),
-            fast_above: crate::sync::unmodelled::AtomicU64::new(0),
             future: AtomicPtr::new(ptr::null_mut()),
             claimed: CachePadded(AtomicUsize::new(0)),
         })
@@ -770,8 +760,7 @@ mod tests {
     use super::*;
 
     /// What the lookup's fast path reads of a table (the slot array's
-    /// pointer, `shift`, the hasher, `fast_above`) lies on its first
-    /// 64-byte line, so the fast-path test costs no line of its own.
+    /// pointer, `shift`, the hasher) lies on its first 64-byte line.
     #[test]
     fn fast_path_fields_share_the_first_line() {
         use std::mem::{offset_of, size_of};
@@ -780,7 +769,6 @@ mod tests {
             ("slots", offset_of!(Table, slots), size_of::<SlotArray>()),
             ("shift", offset_of!(Table, shift), 4),
             ("hasher", offset_of!(Table, hasher), size_of::<Hasher>()),
-            ("fast_above", offset_of!(Table, fast_above), 8),
         ] {
             assert!(at + len <= 64, "{name} at {at}..{}", at + len);
         }
