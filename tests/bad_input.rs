@@ -459,13 +459,16 @@ fn row_insert_many_that_does_not_fit_hands_every_value_back_in_input_order() {
         let (i2, l2) = (index.clone(), live.clone());
         *CLONE_HOOK.lock().unwrap() = Some(Box::new(move || {
             let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
+            let writer = std::thread::spawn(move || {
                 let _ = tx.send(i2.insert(filler, Hooked::new(99, &l2)).is_ok());
             });
             // It waits on no lock the batch holds, unless the index's
             // stripe function has changed (see `stripe_of_two`).
             let took = rx.recv_timeout(Duration::from_secs(10));
             assert_eq!(took, Ok(true), "the other writer took the last place");
+            // Its clone of the index is gone before the test drops its own
+            // and counts the values left.
+            writer.join().unwrap();
         }));
         let guard = in_read_section.then(rcu::read_lock);
         let err = index.insert_many(batch).unwrap_err();
