@@ -658,8 +658,10 @@ fn through_set<R: Copy>(
 }
 
 /// [`through_set`]'s miss: the lookup behind the cache, then the fill.
-#[cold]
-#[inline(never)]
+/// Inline: out of line, the call cost the misses most of the memory-level
+/// parallelism the lookup behind the cache has (a uniform trace over
+/// 1,000,000 addresses ran 4× slower than inline).
+#[inline(always)]
 fn fill<R: Copy>(
     generation: &impl Generation,
     set: &[Cell<Entry<R>>],

@@ -144,10 +144,6 @@ impl EntryId {
     }
 }
 
-/// The bound of an index without a cache: every address but 0 takes the
-/// plain lookup.
-static NO_CACHE: crate::sync::unmodelled::AtomicU64 = crate::sync::unmodelled::AtomicU64::new(0);
-
 /// A concurrent multi-map from `u64` addresses to values.
 ///
 /// See the [module documentation](self) for the design, the consistency
@@ -180,22 +176,13 @@ pub struct AddrIndex<V: Clone + Send + Sync + 'static> {
     /// checked against the raw index's write sequence. Declared before
     /// `raw`, so it goes first.
     cache: Option<Box<HitCache<Span>>>,
-    /// Addresses above the word this points at take the plain inline
-    /// lookup: [`NO_CACHE`] (0: every address but 0, which the tables keep
-    /// apart) without a cache, else the cache's bound (0 while its switch
-    /// is off, `u64::MAX` while it is on). One compare answers "is there a
-    /// cache, is it on, is the address 0?". Invariant: points at
-    /// `NO_CACHE` or into `cache`, which lives as long as `self`.
-    plain_above: *const crate::sync::unmodelled::AtomicU64,
+    /// Addresses above this take the plain inline lookup at once: 0
+    /// without a cache (every address but 0, which the tables keep apart),
+    /// `u64::MAX` with one (whose switch is asked next). One compare, on
+    /// the index's own line, for an index without a cache.
+    plain_above: u64,
     raw: RawIndex<V>,
 }
-
-// SAFETY: `plain_above` points at a static atomic or into `cache`, owned by
-// the index; everything else is `RawIndex` (Send when `V: Send`) and the
-// cache (Send and Sync). The pointer adds no thread affinity.
-unsafe impl<V: Clone + Send + Sync + 'static> Send for AddrIndex<V> {}
-// SAFETY: as for `Send`; the pointed-to word is an atomic.
-unsafe impl<V: Clone + Send + Sync + 'static> Sync for AddrIndex<V> {}
 
 impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
     /// An empty index with the default configuration (see
@@ -244,10 +231,7 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
             // retiring the old record.
             Box::new(HitCache::with_sequence(c, sequence))
         });
-        let plain_above = match &cache {
-            Some(c) => std::ptr::from_ref(c.bound()),
-            None => &NO_CACHE,
-        };
+        let plain_above = if cache.is_some() { u64::MAX } else { 0 };
         Self {
             cache,
             plain_above,
@@ -263,32 +247,34 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
     /// The caller is inside a read-side section for `'g`.
     #[inline(always)]
     unsafe fn values(&self, addr: u64) -> &[V] {
-        // SAFETY: the field's invariant.
-        let bound = unsafe { &*self.plain_above };
-        // Relaxed: a hint (`HitCache::bound`).
-        if addr > bound.load(std::sync::atomic::Ordering::Relaxed) {
+        if addr > self.plain_above {
             // SAFETY: the caller's section; `addr` is not 0.
             return unsafe { self.raw.get_nonzero(addr) };
         }
+        if let Some(c) = self.cache.as_deref() {
+            // Relaxed: a hint (`HitCache::bound`): 0 while the switch is
+            // off, so that only address 0 goes on to the cache's path.
+            if addr > c.bound().load(std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: the caller's section; `addr` is not 0.
+                return unsafe { self.raw.get_nonzero(addr) };
+            }
+            // SAFETY: the caller's section.
+            return unsafe { self.values_cached(c, addr) };
+        }
         // SAFETY: the caller's section.
-        unsafe { self.values_slow(addr) }
+        unsafe { self.values_of_zero() }
     }
 
-    /// [`values`](Self::values) of address 0, or through the cache: out of
-    /// line, so that the lookup of an index without a cache stays the
-    /// plain one (inlined, the cache's path took registers from it).
+    /// [`values`](Self::values) of address 0 without a cache: out of line,
+    /// like the cache's path, so that the plain lookup keeps the registers.
     ///
     /// # Safety
     ///
     /// As for [`values`](Self::values).
     #[inline(never)]
-    unsafe fn values_slow(&self, addr: u64) -> &[V] {
-        match self.cache.as_deref() {
-            // SAFETY: the caller's section.
-            None => unsafe { self.raw.get(addr) },
-            // SAFETY: the caller's section.
-            Some(c) => unsafe { self.values_cached(c, addr) },
-        }
+    unsafe fn values_of_zero(&self) -> &[V] {
+        // SAFETY: the caller's section.
+        unsafe { self.raw.get(0) }
     }
 
     /// [`values`](Self::values) through the cache.
