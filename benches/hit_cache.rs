@@ -161,20 +161,26 @@ impl Indexes {
         let before = self.cached.hit_cache_stats().unwrap();
         let (mut u, mut c, mut p, mut a) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut b, mut i, mut iw) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..rounds() {
-            // Interleaved, so drift on a shared machine hits all.
-            u.push(throughput(&self.plain, streams, run));
-            b.push(throughput(&self.plain_again, streams, run));
-            c.push(throughput(&self.cached, streams, run));
-            p.push(throughput(&self.per_cpu, streams, run));
-            a.push(throughput(&self.always, streams, run));
-            i.push(inline_throughput(&self.plain, &self.inline, streams, run));
-            iw.push(inline_throughput(
-                &self.plain,
-                &self.inline_switched,
-                streams,
-                run,
-            ));
+        for round in 0..rounds() {
+            // Interleaved, so drift on a shared machine hits all, and in an
+            // order rotated every round, so that no configuration always
+            // runs first (or right after the same one).
+            for k in 0..7 {
+                match (k + round) % 7 {
+                    0 => u.push(throughput(&self.plain, streams, run)),
+                    1 => b.push(throughput(&self.plain_again, streams, run)),
+                    2 => c.push(throughput(&self.cached, streams, run)),
+                    3 => p.push(throughput(&self.per_cpu, streams, run)),
+                    4 => a.push(throughput(&self.always, streams, run)),
+                    5 => i.push(inline_throughput(&self.plain, &self.inline, streams, run)),
+                    _ => iw.push(inline_throughput(
+                        &self.plain,
+                        &self.inline_switched,
+                        streams,
+                        run,
+                    )),
+                }
+            }
         }
         let after = self.cached.hit_cache_stats().unwrap();
         let hits = after.hits - before.hits;

@@ -144,6 +144,10 @@ impl EntryId {
     }
 }
 
+/// The cache bound of an index without a cache: only address 0 reaches it,
+/// and goes on.
+static NO_CACHE: crate::sync::unmodelled::AtomicU64 = crate::sync::unmodelled::AtomicU64::new(0);
+
 /// A concurrent multi-map from `u64` addresses to values.
 ///
 /// See the [module documentation](self) for the design, the consistency
@@ -178,11 +182,24 @@ pub struct AddrIndex<V: Clone + Send + Sync + 'static> {
     cache: Option<Box<HitCache<Span>>>,
     /// Addresses above this take the plain inline lookup at once: 0
     /// without a cache (every address but 0, which the tables keep apart),
-    /// `u64::MAX` with one (whose switch is asked next). One compare, on
-    /// the index's own line, for an index without a cache.
+    /// `u64::MAX` with one (whose switch is asked next, `cache_bound`).
+    /// One compare, on the index's own line, for an index without a cache.
     plain_above: u64,
+    /// The word the addresses that fail `plain_above` are compared with
+    /// next: the cache's bound (0 while its switch is off, so that its
+    /// lookups are the plain ones but for one load and one compare;
+    /// `u64::MAX` while it is on), or [`NO_CACHE`]. Invariant: points at
+    /// `NO_CACHE` or into `cache`, which lives as long as `self`.
+    cache_bound: *const crate::sync::unmodelled::AtomicU64,
     raw: RawIndex<V>,
 }
+
+// SAFETY: `cache_bound` points at a static atomic or into `cache`, owned by
+// the index; everything else is `RawIndex` (Send when `V: Send`) and the
+// cache (Send and Sync). The pointer adds no thread affinity.
+unsafe impl<V: Clone + Send + Sync + 'static> Send for AddrIndex<V> {}
+// SAFETY: as for `Send`; the pointed-to word is an atomic.
+unsafe impl<V: Clone + Send + Sync + 'static> Sync for AddrIndex<V> {}
 
 impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
     /// An empty index with the default configuration (see
@@ -232,9 +249,14 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
             Box::new(HitCache::with_sequence(c, sequence))
         });
         let plain_above = if cache.is_some() { u64::MAX } else { 0 };
+        let cache_bound = match &cache {
+            Some(c) => std::ptr::from_ref(c.bound()),
+            None => &NO_CACHE,
+        };
         Self {
             cache,
             plain_above,
+            cache_bound,
             raw,
         }
     }
@@ -251,13 +273,14 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
             // SAFETY: the caller's section; `addr` is not 0.
             return unsafe { self.raw.get_nonzero(addr) };
         }
+        // SAFETY: the field's invariant.
+        let bound = unsafe { &*self.cache_bound };
+        // Relaxed: a hint (`HitCache::bound`).
+        if addr > bound.load(std::sync::atomic::Ordering::Relaxed) {
+            // SAFETY: the caller's section; `addr` is not 0.
+            return unsafe { self.raw.get_nonzero(addr) };
+        }
         if let Some(c) = self.cache.as_deref() {
-            // Relaxed: a hint (`HitCache::bound`): 0 while the switch is
-            // off, so that only address 0 goes on to the cache's path.
-            if addr > c.bound().load(std::sync::atomic::Ordering::Relaxed) {
-                // SAFETY: the caller's section; `addr` is not 0.
-                return unsafe { self.raw.get_nonzero(addr) };
-            }
             // SAFETY: the caller's section.
             return unsafe { self.values_cached(c, addr) };
         }
