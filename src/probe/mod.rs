@@ -154,7 +154,7 @@ mod shadow;
 mod stats;
 
 pub use def::{EntryAction, EntryContext, ExitContext, Fprobe, FprobeBuilder};
-pub use dispatch::{DispatchSection, ignore_current_thread, in_handler};
+pub use dispatch::{DispatchSection, KeptReturn, ignore_current_thread, in_handler};
 pub use ffi::{
     C_SKIP_EXIT, CEngineCtx, CEngineRepr, CEntryContext, CEntryFn, CExitContext, CExitFn,
 };

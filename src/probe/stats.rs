@@ -10,7 +10,7 @@ use crate::sync::unmodelled::AtomicU64;
 ///
 /// ```
 /// let m = fprobe::probe::Missed::default();
-/// assert_eq!(m.recursion + m.depth + m.disabled, 0);
+/// assert_eq!(m.recursion + m.depth + m.disabled + m.unwound, 0);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -23,6 +23,13 @@ pub struct Missed {
     pub depth: u64,
     /// Hits while the probe was disabled.
     pub disabled: u64,
+    /// Exit handlers skipped because the call never returned: an
+    /// exception, a forced unwind (`pthread_exit`, `pthread_cancel`) or a
+    /// `longjmp` went past it. Found by stack pointer by an engine that
+    /// takes returns over ([`Registry::on_return`](super::Registry::on_return),
+    /// and its entries), which ends such calls without running their exit
+    /// handlers.
+    pub unwound: u64,
 }
 
 /// Counters of one probe, summed over threads.
@@ -80,13 +87,17 @@ pub(super) enum Counter {
     /// A kept return entry that ran no exit handler to completion (its
     /// entry handler skipped the exit or panicked, the exit handler
     /// panicked, was refused as recursion, the thread was ignored, or the
-    /// frame was forgotten). Each kept entry ends in exactly one of
-    /// `Exits` and `Unrun` while its probe stays registered.
+    /// frame was forgotten, or the call unwound). Each kept entry ends in
+    /// exactly one of `Exits` and `Unrun` while its probe stays registered.
     Unrun,
+    /// A kept return entry ended because an unwind or a `longjmp` went
+    /// past its call (bumped with `Unrun`, as `Recursion` is for a refused
+    /// exit).
+    Unwound,
 }
 
-/// Counters per probe slot (64 bytes per slot and thread).
-pub(super) const NCOUNTERS: usize = 8;
+/// Counters per probe slot (72 bytes per slot and thread).
+pub(super) const NCOUNTERS: usize = 9;
 
 /// A sum of one slot's counters.
 pub(super) type Sums = [u64; NCOUNTERS];
@@ -102,6 +113,7 @@ impl ProbeStats {
                 recursion: c(Counter::Recursion),
                 depth: c(Counter::Depth),
                 disabled: c(Counter::Disabled),
+                unwound: c(Counter::Unwound),
             },
             panics: c(Counter::Panics),
             in_flight: pending(now).saturating_sub(pending(base)),
