@@ -193,6 +193,7 @@ mod sites;
 mod stubs;
 mod text;
 mod tramp;
+mod unwind;
 
 pub use error::Error;
 pub use regs::Regs;
