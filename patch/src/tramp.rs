@@ -1,8 +1,8 @@
 //! The entry and exit trampolines' Rust halves.
 //!
-//! A call whose exit is to run keeps the caller's return address, and the
-//! address of the stack slot it was in, in the probe layer's frame for the
-//! call ([`Registry::on_entry_taking_return`](fprobe::probe::Registry::on_entry_taking_return)),
+//! A call whose exit is to run keeps the caller's return address, the
+//! address of the stack slot it was in and the caller's `rbx` in the probe
+//! layer's frame for the call ([`Registry::on_entry_keeping_return`](fprobe::probe::Registry::on_entry_keeping_return)),
 //! on the thread's one shadow stack, which follows the probe layer's rule
 //! against signals (a frame is reserved before anything a signal handler
 //! could run and released only after its last read; a handler's own calls
@@ -109,9 +109,11 @@ unsafe extern "C" {
 // `on_entry`, which keeps it in that frame.
 //
 // The exit trampoline, called by the stub once the function returned into
-// it and the stub reserved the return-address slot again: [rbp + 16] is
-// that slot, rbp + 24 the stack pointer after the function's `ret`. It
-// writes the caller's return address from `on_exit` into the slot.
+// it and the stub pushed the caller's return address back into its slot
+// (and restored the caller's rbx): [rbp + 16] is that slot, rbp + 24 the
+// stack pointer after the function's `ret`. It writes the caller's return
+// address from `on_exit` into the slot again (the same, from the frame
+// `on_return` pops).
 std::arch::global_asm!(
     ".pushsection .text.fprobe_patch,\"ax\",@progbits",
     // The frame layout above, at rsp. The argument registers, what `Regs`
