@@ -1065,11 +1065,13 @@ impl<C: Send + Sync + 'static> Registry<C> {
             {
                 continue;
             }
-            // SAFETY: `slot_idx` indexes `self.slots` (checked above); the
-            // bank is this dispatch's.
+            // SAFETY: `slot_idx` indexes `self.slots` (checked above), which
+            // the thread's counters cover; the bank is this dispatch's.
             unsafe {
-                if let Some(cause) = cause {
-                    counters.bump(slot_idx, cause);
+                match cause {
+                    Some(Counter::Unwound) => local.counters.bump_unwound(counters, slot_idx),
+                    Some(cause) => counters.bump(slot_idx, cause),
+                    None => {}
                 }
                 counters.bump(slot_idx, Counter::Unrun);
             }

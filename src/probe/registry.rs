@@ -378,7 +378,7 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
             book: Mutex::new(Book {
                 attached: vec![Attached::Nowhere; self.max_probes],
                 free: (0..self.max_probes as u32).rev().collect(),
-                base: vec![[0; NCOUNTERS]; self.max_probes],
+                base: vec![[0; NCOUNTERS + 1]; self.max_probes],
                 dirty: vec![false; self.max_probes],
                 parked: Vec::new(),
             }),
@@ -409,7 +409,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
 
     /// The counters of `slot`, summed over threads.
     fn sum(&self, slot: u32) -> Sums {
-        let mut s = [0; NCOUNTERS];
+        let mut s = [0; NCOUNTERS + 1];
         for local in self.locals.iter() {
             local.counters.add_to(slot, &mut s);
         }

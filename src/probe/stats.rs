@@ -92,15 +92,18 @@ pub(super) enum Counter {
     Unrun,
     /// A kept return entry ended because an unwind or a `longjmp` went
     /// past its call (bumped with `Unrun`, as `Recursion` is for a refused
-    /// exit).
+    /// exit). Bumped off the hot path only, so kept apart from the others
+    /// ([`Counters::bump_unwound`]): a slot's hot counters stay one 64-byte
+    /// block.
     Unwound,
 }
 
-/// Counters per probe slot (72 bytes per slot and thread).
-pub(super) const NCOUNTERS: usize = 9;
+/// Counters per probe slot in the hot banks (64 bytes per slot and
+/// thread); [`Counter::Unwound`] is kept apart.
+pub(super) const NCOUNTERS: usize = 8;
 
-/// A sum of one slot's counters.
-pub(super) type Sums = [u64; NCOUNTERS];
+/// A sum of one slot's counters, `Unwound` last.
+pub(super) type Sums = [u64; NCOUNTERS + 1];
 
 impl ProbeStats {
     /// The stats of `now - base`.
@@ -146,6 +149,8 @@ fn pending(s: &Sums) -> u64 {
 pub(super) struct Counters {
     /// `[outer bank | nested bank]`, `NCOUNTERS` per slot in each.
     words: Box<[AtomicU64]>,
+    /// [`Counter::Unwound`] per slot, `[outer | nested]` likewise.
+    unwound: Box<[AtomicU64]>,
     slots: usize,
 }
 
@@ -155,6 +160,7 @@ impl Counters {
             words: (0..2 * slots * NCOUNTERS)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            unwound: (0..2 * slots).map(|_| AtomicU64::new(0)).collect(),
             slots,
         }
     }
@@ -187,15 +193,38 @@ impl Counters {
     /// call's life ([`Counter::Exits`]) is loaded before one bumped earlier
     /// ([`Counter::Hits`]): a reader never sees more exits than hits.
     pub(super) fn add_to(&self, slot: u32, sums: &mut Sums) {
+        // Acquire, both: as below (`Unwound` is bumped last in a call's
+        // life, with `Unrun`).
+        sums[NCOUNTERS] += self.unwound[self.slots + slot as usize].load(Ordering::Acquire);
+        sums[NCOUNTERS] += self.unwound[slot as usize].load(Ordering::Acquire);
         let outer = slot as usize * NCOUNTERS;
         let nested = outer + self.slots * NCOUNTERS;
-        for (i, s) in sums.iter_mut().enumerate().rev() {
+        for (i, s) in sums[..NCOUNTERS].iter_mut().enumerate().rev() {
             // Acquire, both: pair with the Release of the bumps; the counts
             // loaded after these (lower indices) are at least those bumped
             // before the counts seen here.
             *s += self.words[nested + i].load(Ordering::Acquire);
             *s += self.words[outer + i].load(Ordering::Acquire);
         }
+    }
+}
+
+impl Counters {
+    /// Adds one to `slot`'s [`Counter::Unwound`], in the bank `view` is
+    /// (outer or nested), as [`CounterView::bump`] does: owner only.
+    ///
+    /// # Safety
+    ///
+    /// As [`CounterView::bump`], with `view` a view of these counters.
+    pub(super) unsafe fn bump_unwound(&self, view: CounterView, slot: u32) {
+        let bank = if view.nested { self.slots } else { 0 };
+        debug_assert!((slot as usize) < self.slots);
+        // SAFETY: `slot` is below the slot count (the caller's contract),
+        // so the index is in `unwound`'s bank.
+        let c = unsafe { self.unwound.get_unchecked(bank + slot as usize) };
+        // SAFETY: the caller's contract: an outer view only in the
+        // thread's outermost dispatch.
+        unsafe { bump_one(c, view.nested) }
     }
 }
 
@@ -224,35 +253,50 @@ impl CounterView {
     /// dispatch, while it holds the `DISPATCH` bit (see [`Counters`]).
     #[inline(always)]
     pub(super) unsafe fn bump(self, slot: u32, which: Counter) {
+        debug_assert!((which as usize) < NCOUNTERS, "Unwound: bump_unwound");
         let i = slot as usize * NCOUNTERS + which as usize;
         // SAFETY: `i` is in the bank and the counters live, by the
         // caller's contract.
         let c = unsafe { &*self.base.add(i) };
-        if !self.nested {
-            // Relaxed load: only this thread stores the counter, and no
-            // other outer bump runs meanwhile (`Counters`). Release: pairs
-            // with the Acquire loads of `add_to`, so a reader that sees
-            // this count sees the counts the thread bumped before it.
-            c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
-            return;
-        }
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        // SAFETY: `c` is a valid, aligned `u64` owned by this allocation;
-        // the instruction reads and writes those 8 bytes only. Other
-        // threads only load it (aligned 8-byte accesses are single-copy
-        // atomic on x86-64), and only this thread stores it (invariant of
-        // `Counters`); one instruction, so a signal handler's bump cannot
-        // fall between its load and its store.
-        unsafe {
-            std::arch::asm!(
-                "add qword ptr [{0}], 1",
-                in(reg) c.as_ptr(),
-                options(nostack)
-            );
-        }
-        // Release: as above (on x86-64 the `add` gives the same: stores
-        // are not reordered with earlier stores).
-        #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-        c.fetch_add(1, Ordering::Release);
+        // SAFETY: the caller's contract.
+        unsafe { bump_one(c, self.nested) }
     }
+}
+
+/// Adds one to counter `c` of a bank (`nested` or outer): see
+/// [`CounterView::bump`].
+///
+/// # Safety
+///
+/// `c` is a counter of the calling thread's [`Counters`]; an outer one
+/// (`nested == false`) only in the thread's outermost dispatch, while it
+/// holds the `DISPATCH` bit.
+#[inline(always)]
+unsafe fn bump_one(c: &AtomicU64, nested: bool) {
+    if !nested {
+        // Relaxed load: only this thread stores the counter, and no
+        // other outer bump runs meanwhile (`Counters`). Release: pairs
+        // with the Acquire loads of `add_to`, so a reader that sees
+        // this count sees the counts the thread bumped before it.
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
+        return;
+    }
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: `c` is a valid, aligned `u64` owned by this allocation;
+    // the instruction reads and writes those 8 bytes only. Other
+    // threads only load it (aligned 8-byte accesses are single-copy
+    // atomic on x86-64), and only this thread stores it (invariant of
+    // `Counters`); one instruction, so a signal handler's bump cannot
+    // fall between its load and its store.
+    unsafe {
+        std::arch::asm!(
+            "add qword ptr [{0}], 1",
+            in(reg) c.as_ptr(),
+            options(nostack)
+        );
+    }
+    // Release: as above (on x86-64 the `add` gives the same: stores
+    // are not reordered with earlier stores).
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    c.fetch_add(1, Ordering::Release);
 }
