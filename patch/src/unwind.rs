@@ -50,7 +50,10 @@
 //!
 //! One `.eh_frame` buffer per batch of stubs (one CIE, one FDE per stub,
 //! then a zero terminator), passed to libgcc's `__register_frame`, which
-//! takes a whole buffer. Stubs are never unmapped, so the buffers are
+//! takes a whole buffer (the unwinder of x86-64 Linux programs built by GCC
+//! or rustc: `libgcc_s`). A process whose unwinder is LLVM's libunwind
+//! instead may take the buffer's first FDE only, and then unwind through
+//! that one stub alone. Stubs are never unmapped, so the buffers are
 //! leaked and never deregistered.
 
 use fprobe::probe::KeptReturn;
