@@ -222,7 +222,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
         saved: u64,
         ctx: &C,
     ) -> Option<NonNull<KeptReturn>> {
-        NonNull::new(self.entry::<false, true>(addr, ret_addr, sp, saved, ctx) as *mut KeptReturn)
+        let at = self.entry::<false, true>(addr, ret_addr, sp, saved, ctx);
+        // The frame's address, its provenance exposed by `Words::addr`.
+        NonNull::new(std::ptr::with_exposed_provenance_mut(at as usize))
     }
 
     /// The thread's state cached in its context, read by a dispatch that

@@ -347,10 +347,12 @@ impl Words {
         unsafe { self.stack.as_ptr().add(i).write(v) }
     }
 
-    /// The address of word `i`.
+    /// The address of word `i`, its provenance exposed: an engine reads
+    /// the word there ([`KeptReturn`](super::KeptReturn)), or has an
+    /// unwinder read it.
     #[inline(always)]
     pub(super) fn addr(self, i: usize) -> u64 {
-        self.stack.as_ptr().wrapping_add(i) as u64
+        self.stack.as_ptr().wrapping_add(i).expose_provenance() as u64
     }
 
     /// `len` bytes from word `i` as per-call data, for an entry handler.
