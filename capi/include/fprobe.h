@@ -331,6 +331,9 @@ int fprobe_on_exit(struct fprobe_registry *r, uint64_t ret_addr, void *ctx);
 // to `*kept` 1 when it kept a frame holding `ret_addr` and `sp` (some exit
 // handler is to run: call [`fprobe_on_return`] with the same `sp` when the
 // function returns), 0 when it kept nothing (leave the return alone).
+// Calls kept below `sp` on top of the thread's stack (an unwind went past
+// them) end first, without their exit handlers, counted in
+// `missed_unwound`.
 //
 // Returns [`FPROBE_OK`], [`FPROBE_E_NULL`] (`r` or `kept`) or
 // [`FPROBE_E_DESTROYED`]. After an error `*kept` is 0 (when `kept` is not
