@@ -193,8 +193,9 @@ impl Counters {
     /// call's life ([`Counter::Exits`]) is loaded before one bumped earlier
     /// ([`Counter::Hits`]): a reader never sees more exits than hits.
     pub(super) fn add_to(&self, slot: u32, sums: &mut Sums) {
-        // Acquire, both: as below (`Unwound` is bumped last in a call's
-        // life, with `Unrun`).
+        // Acquire, both: pair with the Release of `bump_unwound` (its
+        // `bump_one`), as below; loaded first, as a count bumped at the
+        // end of a call's life.
         sums[NCOUNTERS] += self.unwound[self.slots + slot as usize].load(Ordering::Acquire);
         sums[NCOUNTERS] += self.unwound[slot as usize].load(Ordering::Acquire);
         let outer = slot as usize * NCOUNTERS;
