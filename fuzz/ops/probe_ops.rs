@@ -362,14 +362,13 @@ impl Model {
     /// return it takes. Returns whether a frame was pushed.
     fn entry(&mut self, t: &mut ThreadModel, a: u64, mark: bool, sp: Option<u64>) -> bool {
         self.begin(t);
-        if let Some(sp) = sp
-            && !t.ignored
-        {
+        if let (Some(sp), false) = (sp, t.ignored) {
             // Frames on top that took their return below this one's are of
             // calls an unwind went past (none with bare calls above).
-            while let Some(f) = t.frames.last()
-                && f.words > 0
-                && f.sp.is_some_and(|at| at < sp)
+            while t
+                .frames
+                .last()
+                .is_some_and(|f| f.words > 0 && f.sp.is_some_and(|at| at < sp))
             {
                 let frame = t.frames.pop().unwrap();
                 t.top -= frame.words;
