@@ -134,7 +134,10 @@
 //!   function that breaks the ABI by not preserving `rbx` (hand-written
 //!   assembly) must not get an exit probe. A debugger that reads only the
 //!   objects' files (gdb without the process's registered frames) stops at
-//!   a stub.
+//!   a stub. Asynchronous cancellation (`PTHREAD_CANCEL_ASYNCHRONOUS`) may
+//!   strike inside a dispatch, in Rust code no unwind may cross: it is
+//!   not supported on threads that run probed code (deferred cancellation,
+//!   the default, is).
 //! * **Calls that never return** (an exception, a forced unwind or a
 //!   `longjmp` went past them). Each kept frame records where the return
 //!   address was. An exit that finds frames kept deeper than its own, or
