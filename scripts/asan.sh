@@ -24,9 +24,10 @@ for t in "${tests[@]}"; do
   cargo_asan --test "$t" || status=1
 done
 # The patching runtime: trampolines, shadow-stack frames, patched C code under
-# threads, signals, longjmp and fork.
+# threads, signals, longjmp, fork, and C++ exceptions, forced unwinds and
+# backtraces.
 echo "== asan: patching runtime (fprobe-patch-ctest)"
-cargo_asan -p fprobe-patch-ctest --test patch --test lean --test everywhere --test signals --test capi || status=1
+cargo_asan -p fprobe-patch-ctest --test patch --test lean --test everywhere --test signals --test capi --test unwind || status=1
 san_canary asan "AddressSanitizer: heap-use-after-free" \
   cargo_asan --test canary -- --ignored --exact canary_free_without_grace_period || status=1
 exit $status

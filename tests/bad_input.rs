@@ -1648,7 +1648,7 @@ fn row_registry_builder_out_of_range_is_invalid_config() {
         ("data_size 4097", b().data_size(4097)),
         ("data_size max", b().data_size(usize::MAX)),
         ("max_depth 0", b().max_depth(0)),
-        ("stack over 128 MiB", b().data_size(4096).max_depth(32_264)),
+        ("stack over 128 MiB", b().data_size(4096).max_depth(32_202)),
         ("stack overflowing usize", b().max_depth(usize::MAX)),
         ("index capacity absurd", b().capacity(usize::MAX)),
     ];
@@ -1661,7 +1661,7 @@ fn row_registry_builder_out_of_range_is_invalid_config() {
     }
     // The limits are accepted (the largest shadow stack only built: a
     // dispatch would allocate its 128 MiB).
-    b().data_size(4096).max_depth(32_263).build().unwrap();
+    b().data_size(4096).max_depth(32_201).build().unwrap();
     let mut good = vec![b().max_probes(1), b().data_size(4096), b().max_depth(1)];
     if !cfg!(miri) {
         good.push(b().max_probes(65536));

@@ -131,9 +131,10 @@ fn entry_for_exit_pushes_a_frame_only_for_calls_with_an_exit_to_run() {
 
 /// An engine that takes returns over gets each call's return address back
 /// from `on_return`, with the exit handlers run on the entry's data;
-/// frames kept deeper (a `longjmp` went past them) run their exits first;
-/// a return whose frame is gone says so; plain exits never pop such a
-/// frame, and plain frames left above one end unrun.
+/// frames kept deeper (a `longjmp` or an unwind went past them) end as
+/// unwound, their exit handlers not run; a return whose frame is gone says
+/// so; plain exits never pop such a frame, and plain frames left above one
+/// end as unwound too.
 #[test]
 fn returns_taken_over_are_handed_back_and_recover_from_longjmp() {
     let reg = Registry::<()>::builder().build().unwrap();
@@ -154,22 +155,19 @@ fn returns_taken_over_are_handed_back_and_recover_from_longjmp() {
     assert_eq!(take(&log), [(0x20, 0x20, 0x2000), (0x10, 0x10, 0x1000)]);
 
     // A `longjmp` from 0x30 back into 0x10: 0x20's and 0x30's frames are
-    // still there when 0x10 returns, and their exits run first.
+    // still there when 0x10 returns; they end without their exits.
     assert!(reg.on_entry_taking_return(0x10, 0x1000, 0x7f00, &()));
     assert!(reg.on_entry_taking_return(0x20, 0x2000, 0x7e00, &()));
     assert!(reg.on_entry_taking_return(0x30, 0x3000, 0x7d00, &()));
     assert_eq!(reg.stats(h).unwrap().in_flight, 3);
     assert_eq!(reg.on_return(0x7f00, &()), Some(0x1000));
-    assert_eq!(
-        take(&log),
-        [
-            (0x30, 0x30, 0x3000),
-            (0x20, 0x20, 0x2000),
-            (0x10, 0x10, 0x1000)
-        ]
-    );
+    assert_eq!(take(&log), [(0x10, 0x10, 0x1000)]);
     let s = reg.stats(h).unwrap();
-    assert_eq!((s.hits, s.exits, s.in_flight), (5, 5, 0), "{s:?}");
+    assert_eq!(
+        (s.hits, s.exits, s.missed.unwound, s.in_flight),
+        (5, 3, 2, 0),
+        "{s:?}"
+    );
 
     // A return deeper than the newest kept frame has none: lost, and the
     // frame stays.
@@ -179,20 +177,70 @@ fn returns_taken_over_are_handed_back_and_recover_from_longjmp() {
     // A plain exit does not pop it.
     reg.on_exit(0x1000, &());
     assert!(take(&log).is_empty());
-    // A plain entry whose exit never came, above it, ends unrun.
+    // A plain entry whose exit never came, above it, ends unwound.
     reg.on_entry(0x20, 0x2000, &());
     reg.on_entry(0x50, 0x5000, &()); // unprobed: a marker
     assert_eq!(reg.stats(h).unwrap().in_flight, 2);
     assert_eq!(reg.on_return(0x7f00, &()), Some(0x1000));
     assert_eq!(take(&log), [(0x10, 0x10, 0x1000)]);
     let s = reg.stats(h).unwrap();
-    assert_eq!((s.exits, s.in_flight), (6, 0), "{s:?}");
-    // One above every kept frame: they are all past (their exits run), and
-    // none was its own.
+    assert_eq!((s.exits, s.missed.unwound, s.in_flight), (4, 3, 0), "{s:?}");
+    // One above every kept frame: they are all past (unwound), and none
+    // was its own.
     assert!(reg.on_entry_taking_return(0x10, 0x1000, 0x7f00, &()));
     assert_eq!(reg.on_return(0x7f80, &()), None);
-    assert_eq!(take(&log), [(0x10, 0x10, 0x1000)]);
+    assert!(take(&log).is_empty());
+    assert_eq!(reg.stats(h).unwrap().missed.unwound, 4);
     assert_eq!(reg.on_return(0x7f00, &()), None, "an empty stack");
+}
+
+/// An entry that takes its return above the frames kept before it (an
+/// exception caught where no probe returns went past them) ends them as
+/// unwound; one at the same stack address (a tail call) does not. The
+/// engine's word and the return address stay in place in the frame until
+/// its return.
+#[test]
+fn an_entry_above_abandoned_frames_ends_them_and_kept_returns_stay_put() {
+    let reg = Registry::<()>::builder().build().unwrap();
+    let (with_exit, log) = addr_logging_probe();
+    let h = reg.register(with_exit, &[0x10, 0x20, 0x30]).unwrap();
+    let take = |log: &Mutex<Vec<_>>| std::mem::take(&mut *log.lock().unwrap());
+
+    // Each entry keeps a word of the engine's own; the frame holds it and
+    // the return address in place. (That address is for unwinders, its
+    // provenance exposed: miri's strict provenance refuses to make a
+    // pointer of it, so there the entries only take their returns.)
+    let keep = |addr: u64, ret: u64, sp: u64, saved: u64| {
+        if cfg!(miri) {
+            assert!(reg.on_entry_taking_return(addr, ret, sp, &()));
+            return std::ptr::null();
+        }
+        let k = reg
+            .on_entry_keeping_return(addr, ret, sp, saved, &())
+            .unwrap();
+        // SAFETY: the frame stays in place until its return.
+        let k = unsafe { k.as_ref() };
+        assert_eq!((k.saved, k.ret_addr, k.sp), (saved, ret, sp));
+        k as *const fprobe::probe::KeptReturn
+    };
+    let k1 = keep(0x10, 0x1000, 0x7e00, 11);
+    keep(0x20, 0x2000, 0x7d00, 22);
+    // A tail call from 0x20: the same slot, its caller's frame stays.
+    keep(0x30, 0x3000, 0x7d00, 33);
+    if !cfg!(miri) {
+        // SAFETY: 0x10's frame is still live (nothing returned).
+        assert_eq!(unsafe { (*k1).saved }, 11, "unmoved by the pushes above");
+    }
+    assert_eq!(reg.stats(h).unwrap().missed.unwound, 0);
+    // An unwind past all three, caught where no probe returns; the next
+    // call is made from above them.
+    assert!(reg.on_entry_taking_return(0x10, 0x1100, 0x7f00, &()));
+    let s = reg.stats(h).unwrap();
+    assert_eq!((s.missed.unwound, s.in_flight), (3, 1), "{s:?}");
+    assert_eq!(reg.on_return(0x7f00, &()), Some(0x1100));
+    assert_eq!(take(&log), [(0x10, 0x10, 0x1100)]);
+    let s = reg.stats(h).unwrap();
+    assert_eq!((s.hits, s.exits, s.in_flight), (4, 1, 0), "{s:?}");
 }
 
 /// Calls that did not fit on a full stack are deeper than every frame: a

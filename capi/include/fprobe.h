@@ -157,6 +157,11 @@ typedef struct fprobe_stats {
   // Calls between an entry that kept the probe's exit and their return
   // (0 once they have all returned; see [`fprobe_drain`]).
   uint64_t in_flight;
+  // Exit handlers skipped because the call never returned: an
+  // exception, a forced unwind or a `longjmp` went past it (found by
+  // [`fprobe_on_return`] and [`fprobe_on_entry_taking_return`] by stack
+  // address). Last, so that the fields before keep their offsets.
+  uint64_t missed_unwound;
 } fprobe_stats;
 
 // A patched call's saved registers, what a handler's `engine_ctx`
@@ -326,6 +331,9 @@ int fprobe_on_exit(struct fprobe_registry *r, uint64_t ret_addr, void *ctx);
 // to `*kept` 1 when it kept a frame holding `ret_addr` and `sp` (some exit
 // handler is to run: call [`fprobe_on_return`] with the same `sp` when the
 // function returns), 0 when it kept nothing (leave the return alone).
+// Calls kept below `sp` on top of the thread's stack (an unwind went past
+// them) end first, without their exit handlers, counted in
+// `missed_unwound`.
 //
 // Returns [`FPROBE_OK`], [`FPROBE_E_NULL`] (`r` or `kept`) or
 // [`FPROBE_E_DESTROYED`]. After an error `*kept` is 0 (when `kept` is not
@@ -344,9 +352,10 @@ int fprobe_on_entry_taking_return(struct fprobe_registry *r,
                                   int *kept);
 
 // The return of a call whose entry [`fprobe_on_entry_taking_return`] kept
-// at `sp`: runs its exit handlers (first those of calls kept deeper that
-// never returned, as after a `longjmp`) and writes the caller's return
-// address to `*ret_addr_out`.
+// at `sp`: ends the calls kept deeper that never returned (a `longjmp` or
+// an unwind went past them) without their exit handlers, counted in
+// `missed_unwound`, then runs its own exit handlers and writes the
+// caller's return address to `*ret_addr_out`.
 //
 // Returns [`FPROBE_OK`], [`FPROBE_E_NULL`] (`r` or `ret_addr_out`),
 // [`FPROBE_E_NOT_FOUND`] (no frame kept at `sp`: the calls did not nest,

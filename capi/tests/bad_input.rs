@@ -132,6 +132,7 @@ const UNWRITTEN_STATS: fprobe_stats = fprobe_stats {
     missed_depth: 0xdead,
     missed_disabled: 0xdead,
     in_flight: 0xdead,
+    missed_unwound: 0xdead,
 };
 
 /// Row: "C ABI: a NULL pointer argument" → `FPROBE_E_NULL`, nothing

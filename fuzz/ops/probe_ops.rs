@@ -239,6 +239,7 @@ struct Counters {
     recursion: u64,
     depth: u64,
     disabled: u64,
+    unwound: u64,
     panics: u64,
 }
 
@@ -250,6 +251,7 @@ impl Counters {
             recursion: s.missed.recursion,
             depth: s.missed.depth,
             disabled: s.missed.disabled,
+            unwound: s.missed.unwound,
             panics: s.panics,
         }
     }
@@ -360,6 +362,19 @@ impl Model {
     /// return it takes. Returns whether a frame was pushed.
     fn entry(&mut self, t: &mut ThreadModel, a: u64, mark: bool, sp: Option<u64>) -> bool {
         self.begin(t);
+        if let (Some(sp), false) = (sp, t.ignored) {
+            // Frames on top that took their return below this one's are of
+            // calls an unwind went past (none with bare calls above).
+            while t
+                .frames
+                .last()
+                .is_some_and(|f| f.words > 0 && f.sp.is_some_and(|at| at < sp))
+            {
+                let frame = t.frames.pop().unwrap();
+                t.top -= frame.words;
+                self.end_unwound(t, frame);
+            }
+        }
         let at = self.at(a);
         if at.is_empty() || t.ignored {
             if mark {
@@ -367,7 +382,7 @@ impl Model {
             }
             return false;
         }
-        let header = if sp.is_some() { 4 } else { 2 };
+        let header = if sp.is_some() { 5 } else { 2 };
         let need = header
             + at.iter()
                 .map(|&(p, _)| frame_words(&self.probes[p].spec))
@@ -457,14 +472,27 @@ impl Model {
             let frame = t.frames.pop().unwrap();
             t.top -= frame.words;
             match at {
-                // A plain frame above: it ends unrun.
-                None => continue,
-                Some(at) => {
+                Some(at) if at == sp => {
                     self.exit_frame(t, frame);
-                    if at == sp {
-                        return Some(ret_at(at));
-                    }
+                    return Some(ret_at(at));
                 }
+                // A frame above of a call that never returned: a plain one,
+                // or one that took its return deeper.
+                _ => self.end_unwound(t, frame),
+            }
+        }
+    }
+
+    /// Ends a popped frame of a call an unwind went past: no exit handler
+    /// runs; each probe still registered counts it (but on an ignored
+    /// thread, which counts nothing).
+    fn end_unwound(&mut self, t: &ThreadModel, frame: Frame) {
+        if t.ignored {
+            return;
+        }
+        for inst in frame.insts {
+            if self.probes[inst.probe].alive {
+                self.probes[inst.probe].counters.unwound += 1;
             }
         }
     }
@@ -570,7 +598,7 @@ pub fn run(data_size: usize, max_depth: usize, steps: &[Step]) {
     let mut m = Model {
         probes: Vec::new(),
         attached: Vec::new(),
-        cap: (max_depth * (data_size.div_ceil(8) + 8)).max(2),
+        cap: (max_depth * (data_size.div_ceil(8) + 9)).max(2),
         events: Vec::new(),
     };
     let mut me = ThreadModel::default();

@@ -1,7 +1,8 @@
 //! Compiles `c/targets.c` with `-fpatchable-function-entry=7,5` into the
 //! tests, `c/ipa.c` without it (its callee has the attribute), and
 //! `c/dl.c` with it into `libpt_dl.so` and a stripped copy, which the
-//! tests load and unload (`PT_DL_SO`, `PT_DL_STRIPPED_SO`).
+//! tests load and unload (`PT_DL_SO`, `PT_DL_STRIPPED_SO`); `c/unwind.cpp`
+//! with it too, C++ linked with libstdc++, for the unwinding tests.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -10,6 +11,7 @@ fn main() {
     println!("cargo:rerun-if-changed=c/targets.c");
     println!("cargo:rerun-if-changed=c/dl.c");
     println!("cargo:rerun-if-changed=c/ipa.c");
+    println!("cargo:rerun-if-changed=c/unwind.cpp");
     cc::Build::new()
         .file("c/ipa.c")
         .opt_level(2)
@@ -53,4 +55,14 @@ fn main() {
         .warnings_into_errors(true)
         .opt_level(2)
         .compile("fprobe_patch_targets");
+    cc::Build::new()
+        .cpp(true)
+        .file("c/unwind.cpp")
+        .flag("-fpatchable-function-entry=7,5")
+        .flag("-std=c++17")
+        .warnings(true)
+        .extra_warnings(true)
+        .warnings_into_errors(true)
+        .opt_level(2)
+        .compile("fprobe_patch_unwind");
 }

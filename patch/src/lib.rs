@@ -12,13 +12,14 @@
 //! `__patchable_function_entries` section ([`sites`] reads it for the
 //! executable and every loaded shared object). Attaching `f`:
 //!
-//! 1. **Stub.** Every site of a module gets a 48-byte stub in a page
+//! 1. **Stub.** Every site of a module gets a 64-byte stub in a page
 //!    mapped within ±2 GiB of the module, which calls the entry trampoline
 //!    and then either jumps to `f+2` or, when the call's exit is wanted,
-//!    calls `f+2` and then the exit trampoline (`stubs.rs`). It changes no
-//!    register but the flags.
-//!    Stubs are written once, before any site can reach them, and never
-//!    change or go away.
+//!    calls `f+2` and then the exit trampoline (`stubs.rs`). As its caller
+//!    sees it, it changes no register but the flags.
+//!    Stubs are written once, with their unwind information registered
+//!    (`unwind.rs`), before any site can reach them, and never change or go
+//!    away.
 //! 2. **Prefix.** The five bytes before `f` become `jmp stub` (`e9 rel32`).
 //!    No thread executes them: they sit between two functions and are
 //!    reached only through step 3, which is not there yet.
@@ -67,21 +68,30 @@
 //! compiler allocated no registers across functions (GCC with
 //! `-fpatchable-function-entry` on the command line, Clang).
 //! ([`register_save`] says which a function got.) Then it calls
-//! [`fprobe::probe::Registry::on_entry_taking_return`]. When that keeps a
+//! [`fprobe::probe::Registry::on_entry_keeping_return`]. When that keeps a
 //! frame (some probe has an exit handler to run), the frame, on the
 //! probe layer's per-thread shadow stack, also holds the caller's return
-//! address and the address of its stack slot, and the stub calls the
-//! function's body with its own
+//! address, the address of its stack slot and the caller's `rbx`; the stub
+//! puts the frame's address in `rbx` and calls the function's body with
+//! its own
 //! return address in that slot: stack arguments stay where the function
 //! looks for them, and the function returns into the stub, where the
 //! processor predicts it will (overwriting the return address with a
 //! trampoline's, as the kernel's fgraph and uftrace do, costs a
 //! mispredicted return per call: 7 ns of 58 in the SQLite profile). The
-//! stub then calls the exit trampoline, which saves every caller-saved
-//! register again, or only the return value's `rax rdx xmm0 xmm1`, runs
+//! function preserves `rbx` (callee-saved), so while it runs the stub's
+//! unwind information finds the caller's return address and `rbx` in the
+//! frame through it (`DW_CFA_expression`s on `rbx`, `unwind.rs`): an
+//! unwinder walks from the function, or from a handler through the
+//! trampolines (which carry `.cfi` directives), to the real caller. When
+//! the function returns, the stub pushes the return address back into its
+//! slot and restores the caller's `rbx` from the frame, then calls the
+//! exit trampoline, which saves every caller-saved register again, or only
+//! the return value's `rax rdx xmm0 xmm1`, runs
 //! [`fprobe::probe::Registry::on_return`], which pops the frame, runs the
 //! exit handlers and hands the caller's return address back; the exit
-//! trampoline puts it back in its slot, and the stub returns there.
+//! trampoline writes it into the slot (it is there already), and the stub
+//! returns there.
 //!
 //! The shadow stack follows the probe layer's rule against signals: an
 //! entry reserves its frame before anything a signal handler could run,
@@ -112,28 +122,48 @@
 //!   first probed call allocates its state; [`prepare_thread`] does it
 //!   ahead for threads whose first probed call may come from a signal
 //!   handler.
-//! * **`longjmp`.** Each kept frame records where the return address
-//!   was. An exit that finds frames kept deeper than its own (calls a
-//!   `longjmp` skipped) first runs their exits, newest first, with its
-//!   own return registers, then its own: the pairing recovers. A
-//!   `longjmp` out of a signal handler running on an alternate signal
+//! * **C++ exceptions, `pthread_exit`, `pthread_cancel`, backtraces.**
+//!   Every stub and trampoline has unwind information, registered with
+//!   libgcc's unwinder (`__register_frame`) when it is made, so an
+//!   exception or a forced unwind crosses a call with an exit probe, its
+//!   catch blocks and destructors run as without probes, and
+//!   `backtrace(3)`, `_Unwind_Backtrace` and profilers that walk
+//!   `.eh_frame` name the real callers (each stub shows as a frame of its
+//!   own between them). The unwinder finds the caller's return address in
+//!   the call's shadow-stack frame through `rbx` (`unwind.rs`), so a
+//!   function that breaks the ABI by not preserving `rbx` (hand-written
+//!   assembly) must not get an exit probe. A debugger that reads only the
+//!   objects' files (gdb without the process's registered frames) stops at
+//!   a stub. Asynchronous cancellation (`PTHREAD_CANCEL_ASYNCHRONOUS`) may
+//!   strike inside a dispatch, in Rust code no unwind may cross: it is
+//!   not supported on threads that run probed code (deferred cancellation,
+//!   the default, is).
+//! * **Calls that never return** (an exception, a forced unwind or a
+//!   `longjmp` went past them). Each kept frame records where the return
+//!   address was. An exit that finds frames kept deeper than its own, or
+//!   an entry that finds frames kept deeper than the place it is called
+//!   from, ends them without running their exit handlers (as the kernel's
+//!   fgraph does for the calls it skips: such a call has no return value,
+//!   and the registers at hand are another call's), counted in
+//!   [`fprobe::probe::Missed::unwound`]: the pairing recovers. A frame
+//!   kept at the very slot of a later call stays until a call made from
+//!   higher up, or its caller's return, ends it (a tail call looks the
+//!   same and must not end it). The frames of a thread that ended by
+//!   `pthread_exit` or cancellation end as unrun when its state is reused.
+//!   A `longjmp` out of a signal handler running on an alternate signal
 //!   stack leaves frames above the thread's stack, and the next exit
-//!   aborts the process (it cannot tell where to return).
-//! * **C++ exceptions, `pthread_exit`, `pthread_cancel`** unwind by reading
-//!   return addresses; a function called from a stub has the stub's, which
-//!   has no unwind information, and the unwinder terminates the process.
-//!   Attach only entry probes (no exit handler) to functions an exception
-//!   or forced unwind may cross: those are jumped to, not called, and keep
-//!   their caller's return address.
+//!   aborts the process (it cannot tell where to return); entries made on
+//!   an alternate signal stack end no frames.
 //! * **Shadow stacks and indirect-branch tracking** (Intel CET): every
 //!   `ret` returns to the address its `call` pushed (the stub's last `ret`
 //!   to the one the caller pushed), so a hardware shadow stack stays
 //!   balanced, and the trampolines start with `endbr64`. Not tested here:
 //!   no CET-enabled process was at hand.
 //! * **Stack switching** (`ucontext`, coroutine libraries) across a call
-//!   with an exit probe breaks the shadow stack's order: the exit finds
-//!   another stack's frame on top and the process aborts. Use entry
-//!   probes only on functions a coroutine may switch out of.
+//!   with an exit probe is not supported: it breaks the shadow stack's
+//!   order (the exit finds another stack's frame on top and the process
+//!   aborts, or an entry on another stack ends live frames as unwound).
+//!   Use entry probes only on functions a coroutine may switch out of.
 //! * **`long double` returns** (`st0`) stay on the x87 stack while the
 //!   exit handlers run and are not in [`Regs`]; handlers must not use x87
 //!   code (Rust and C handlers do not, unless they compute in `long
@@ -193,6 +223,7 @@ mod sites;
 mod stubs;
 mod text;
 mod tramp;
+mod unwind;
 
 pub use error::Error;
 pub use regs::Regs;

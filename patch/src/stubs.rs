@@ -9,17 +9,28 @@
 //! stub per site. The site's prefix jumps to `stub + 8`:
 //!
 //! ```text
-//!       <f: 8 bytes>                   the function, read by the entry trampoline
-//!       ff 15 <disp32>                 call [entry]
-//!       48 83 7c 24 e8 00              cmp qword ptr [rsp - 24], 0   ; the entry's answer
-//!       74 <rel8>                      je body
-//!       48 83 c4 08                    add rsp, 8     ; the caller's return address,
-//!       e8 <rel32>                     call f+2       ;   kept by the trampoline, gives
-//!       48 83 ec 08                    sub rsp, 8     ;   its slot to ours, and back
-//!       ff 15 <disp32>                 call [exit]    ; writes it into that slot
-//!       c3                             ret            ; to the function's caller
-//! body: e9 <rel32>                     jmp f+2        ; past the entry jump, into the body
+//!  0:       <f: 8 bytes>              the function, read by the entry trampoline
+//!  8:       ff 15 <disp32>            call [entry]
+//! 14:       48 83 7c 24 e8 00         cmp qword ptr [rsp - 24], 0  ; the entry's answer:
+//! 20:       74 <rel8>                 je body                      ;   0, or the kept frame
+//! 22:       48 8b 5c 24 e8            mov rbx, [rsp - 24]   ; the frame, which holds the
+//! 27:       48 83 c4 08               add rsp, 8            ;   caller's rbx and return
+//! 31:       e8 <rel32>                call f+2              ;   address: its slot is ours
+//! 36:       ff 73 08                  push [rbx + 8]        ; the return address back,
+//! 39:       48 8b 5b 00               mov rbx, [rbx + 0]    ;   and the caller's rbx
+//! 43:       ff 15 <disp32>            call [exit]           ; the exit handlers
+//! 49:       c3                        ret                   ; to the function's caller
+//! 50: body: e9 <rel32>                jmp f+2               ; past the entry jump, into the body
 //! ```
+//!
+//! (`8` and `0` are [`KeptReturn::RET_ADDR`] and [`KeptReturn::SAVED`].)
+//! While the function runs, `rbx` holds the address of the call's kept
+//! frame on the shadow stack: the function preserves it (callee-saved),
+//! and the stub's unwind information finds the caller's return address and
+//! `rbx` through it (`unwind.rs`), so that exceptions, forced unwinds and
+//! backtraces cross the stub. The function sees that `rbx` at its entry,
+//! which no function that follows the ABI reads; its caller sees its own
+//! `rbx` back, and every other register as it left it.
 //!
 //! The stub is entered by a jump, so `[rsp]` is the function's own return
 //! address when the entry trampoline runs. A call with an exit to run
@@ -38,20 +49,35 @@
 //! memory. One with the argument-only trampolines keeps the argument
 //! registers at entry and the return registers at exit, and may change the
 //! other caller-saved registers, which its function clobbers anyway. The entry trampoline reads the function from the stub's first
-//! 8 bytes (14 before its return address) and leaves its answer 24 bytes
-//! below the stub's stack pointer, in memory no signal frame can reach
-//! (signal delivery skips the 128-byte red zone below `rsp`). Only the
-//! flags change, which no compiler keeps live across a call.
+//! 8 bytes (14 before its return address), keeps the caller's `rbx` in the
+//! frame, and leaves its answer 24 bytes below the stub's stack pointer,
+//! in memory no signal frame can reach (signal delivery skips the 128-byte
+//! red zone below `rsp`). Only the flags change, as the caller sees it,
+//! which no compiler keeps live across a call.
 //!
-//! Stubs are written while their pages are not executable and never
+//! Stubs are written while their pages are not executable, with their
+//! unwind information registered before any site jumps to them, and never
 //! change or get unmapped (a thread may be preempted inside one, or be
 //! inside the function it called, at any time).
 
+use fprobe::probe::KeptReturn;
+
 use crate::Error;
 use crate::text::jmp_rel32;
+use crate::unwind::{self, StubLayout};
 
 /// Bytes per stub.
-pub(crate) const STUB: u64 = 48;
+pub(crate) const STUB: u64 = 64;
+
+/// Where each stub's unwind rule changes (the offsets in the module docs).
+const LAYOUT: StubLayout = StubLayout {
+    start: 8,
+    frame_in_rbx: 27,
+    slot_given: 31,
+    slot_back: 39,
+    rbx_back: 43,
+    end: 55,
+};
 /// Bytes before the first stub (the four trampolines' addresses).
 const HEADER: u64 = 32;
 const PAGE: u64 = 4096;
@@ -77,7 +103,7 @@ pub(crate) fn make(
     for (i, t) in trampolines.iter().enumerate() {
         bytes[8 * i..][..8].copy_from_slice(&t.to_le_bytes());
     }
-    let mut out = Vec::with_capacity(functions.len());
+    let mut out: Vec<u64> = Vec::with_capacity(functions.len());
     for (i, &(f, lean)) in functions.iter().enumerate() {
         let at = base + HEADER + STUB * i as u64;
         let slots = if lean { base + 16 } else { base };
@@ -105,6 +131,7 @@ pub(crate) fn make(
             return Err(e);
         }
     }
+    unwind::register(unwind::eh_frame(&out, &LAYOUT));
     Ok(out)
 }
 
@@ -122,16 +149,23 @@ fn stub(at: u64, f: u64, entry_slot: u64, exit_slot: u64) -> Option<Vec<u8>> {
     b.extend([0xff, 0x15]);
     b.extend(rel(at + 14, entry_slot)?.to_le_bytes());
     b.extend([0x48, 0x83, 0x7c, 0x24, 0xe8, 0x00]); // cmp qword ptr [rsp - 24], 0
-    b.extend([0x74, 20]); // je body: over the next 20 bytes
+    b.extend([0x74, 28]); // je body: over the next 28 bytes
+    b.extend([0x48, 0x8b, 0x5c, 0x24, 0xe8]); // mov rbx, [rsp - 24]
+    debug_assert_eq!(b.len() as u32, LAYOUT.frame_in_rbx);
     b.extend([0x48, 0x83, 0xc4, 0x08]); // add rsp, 8
+    debug_assert_eq!(b.len() as u32, LAYOUT.slot_given);
     b.push(0xe8);
-    b.extend(rel(at + 31, f + 2)?.to_le_bytes());
-    b.extend([0x48, 0x83, 0xec, 0x08]); // sub rsp, 8
+    b.extend(rel(at + 36, f + 2)?.to_le_bytes());
+    b.extend([0xff, 0x73, KeptReturn::RET_ADDR as u8]); // push qword ptr [rbx + RET_ADDR]
+    debug_assert_eq!(b.len() as u32, LAYOUT.slot_back);
+    b.extend([0x48, 0x8b, 0x5b, KeptReturn::SAVED as u8]); // mov rbx, [rbx + SAVED]
+    debug_assert_eq!(b.len() as u32, LAYOUT.rbx_back);
     b.extend([0xff, 0x15]);
-    b.extend(rel(at + 41, exit_slot)?.to_le_bytes());
+    b.extend(rel(at + 49, exit_slot)?.to_le_bytes());
     b.push(0xc3); // ret
-    debug_assert_eq!(b.len(), 42);
-    b.extend(jmp_rel32(at + 42, f + 2)?);
+    debug_assert_eq!(b.len(), 50);
+    b.extend(jmp_rel32(at + 50, f + 2)?);
+    debug_assert_eq!(b.len() as u32, LAYOUT.end);
     debug_assert!(b.len() as u64 <= STUB);
     Some(b)
 }

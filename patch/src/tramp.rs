@@ -1,8 +1,8 @@
 //! The entry and exit trampolines' Rust halves.
 //!
-//! A call whose exit is to run keeps the caller's return address, and the
-//! address of the stack slot it was in, in the probe layer's frame for the
-//! call ([`Registry::on_entry_taking_return`](fprobe::probe::Registry::on_entry_taking_return)),
+//! A call whose exit is to run keeps the caller's return address, the
+//! address of the stack slot it was in and the caller's `rbx` in the probe
+//! layer's frame for the call ([`Registry::on_entry_keeping_return`](fprobe::probe::Registry::on_entry_keeping_return)),
 //! on the thread's one shadow stack, which follows the probe layer's rule
 //! against signals (a frame is reserved before anything a signal handler
 //! could run and released only after its last read; a handler's own calls
@@ -29,18 +29,21 @@ pub fn prepare_thread() {
 }
 
 /// Called by the entry trampoline with the function, the address of its
-/// return address on the stack and the saved argument registers. Returns
-/// 1 when the call's exit is to be dispatched (its return address is kept
-/// in the probe layer's frame: the stub calls the function and then the
-/// exit trampoline), 0 otherwise (the stub jumps into the function).
-extern "C" fn on_entry(function: u64, ret_slot: *const u64, regs: *const Regs) -> u64 {
+/// return address on the stack, the saved argument registers and the
+/// caller's `rbx`. Returns the address of the call's
+/// [`KeptReturn`](fprobe::probe::KeptReturn) when the call's exit is to be
+/// dispatched (its return address and `rbx` are kept in the probe layer's
+/// frame: the stub puts the address in `rbx`, calls the function and then
+/// the exit trampoline), 0 otherwise (the stub jumps into the function).
+extern "C" fn on_entry(function: u64, ret_slot: *const u64, regs: *const Regs, rbx: u64) -> u64 {
     // SAFETY: the trampoline passes the slot of the function's return
     // address, in the caller's live frame.
     let ret = unsafe { *ret_slot };
     // SAFETY: the trampoline's save area, live for this call.
     let regs = unsafe { &*regs };
-    let kept = runtime::registry().on_entry_taking_return(function, ret, ret_slot as u64, regs);
-    u64::from(kept)
+    runtime::registry()
+        .on_entry_keeping_return(function, ret, ret_slot as u64, rbx, regs)
+        .map_or(0, |k| k.as_ptr() as u64)
 }
 
 /// Called by the exit trampoline with the saved return registers and the
@@ -92,18 +95,25 @@ unsafe extern "C" {
 // `-fipa-stack-alignment`; rbp keeps the entry rsp). Offsets: `Regs::gp`
 // at 0 (rdi rsi rdx rcx r8 r9 rax r10), `Regs::xmm` at 64 (xmm0–7), then
 // r11 at 192 and xmm8–15 at 208, which handlers do not see. rbx, rbp,
-// r12–r15 are kept by the Rust callee (rbp restored here).
+// r12–r15 are kept by the Rust callee (rbp restored here). Their `.cfi_*`
+// directives describe that frame (`CFA = rbp + 16` once rbp is set), so a
+// walk from a handler reaches the stub, whose own unwind information
+// (`unwind.rs`) leads to the function's caller.
 //
 // The entry trampoline, called from `stub + 8`: [rbp + 8] is the stub's
 // return address, 14 bytes past the function's address stored at the
 // stub's start; [rbp + 16] is the function's return address. It leaves
 // `on_entry`'s answer at [rbp - 8], which is 24 bytes below the stub's
-// stack pointer once it returns (where the stub reads it).
+// stack pointer once it returns (where the stub reads it): the address of
+// the call's kept frame, or 0. It passes the stub's rbx (the caller's) to
+// `on_entry`, which keeps it in that frame.
 //
 // The exit trampoline, called by the stub once the function returned into
-// it and the stub reserved the return-address slot again: [rbp + 16] is
-// that slot, rbp + 24 the stack pointer after the function's `ret`. It
-// writes the caller's return address from `on_exit` into the slot.
+// it and the stub pushed the caller's return address back into its slot
+// (and restored the caller's rbx): [rbp + 16] is that slot, rbp + 24 the
+// stack pointer after the function's `ret`. It writes the caller's return
+// address from `on_exit` into the slot again (the same, from the frame
+// `on_return` pops).
 std::arch::global_asm!(
     ".pushsection .text.fprobe_patch,\"ax\",@progbits",
     // The frame layout above, at rsp. The argument registers, what `Regs`
@@ -185,9 +195,13 @@ std::arch::global_asm!(
     ".endm",
     // The entry trampoline's body with a save and restore macro.
     ".macro fprobe_patch_entry_body save, restore",
+    ".cfi_startproc",
     "endbr64",
     "push rbp",
+    ".cfi_def_cfa_offset 16",
+    ".cfi_offset rbp, -16",
     "mov rbp, rsp",
+    ".cfi_def_cfa_register rbp",
     "sub rsp, 16",
     "and rsp, -16",
     "sub rsp, 336",
@@ -196,17 +210,26 @@ std::arch::global_asm!(
     "mov rdi, [rdi - 14]",
     "lea rsi, [rbp + 16]",
     "mov rdx, rsp",
+    "mov rcx, rbx",
     "call {on_entry}",
     "mov [rbp - 8], rax",
     "\\restore",
     "mov rsp, rbp",
+    ".cfi_def_cfa_register rsp",
     "pop rbp",
+    ".cfi_def_cfa_offset 8",
+    ".cfi_restore rbp",
     "ret",
+    ".cfi_endproc",
     ".endm",
     ".macro fprobe_patch_exit_body save, restore",
+    ".cfi_startproc",
     "endbr64",
     "push rbp",
+    ".cfi_def_cfa_offset 16",
+    ".cfi_offset rbp, -16",
     "mov rbp, rsp",
+    ".cfi_def_cfa_register rbp",
     "and rsp, -16",
     "sub rsp, 336",
     "\\save",
@@ -216,8 +239,12 @@ std::arch::global_asm!(
     "mov [rbp + 16], rax",
     "\\restore",
     "mov rsp, rbp",
+    ".cfi_def_cfa_register rsp",
     "pop rbp",
+    ".cfi_def_cfa_offset 8",
+    ".cfi_restore rbp",
     "ret",
+    ".cfi_endproc",
     ".endm",
     ".globl fprobe_patch_entry",
     ".type fprobe_patch_entry,@function",

@@ -39,6 +39,7 @@
 
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr::NonNull;
 
 use super::def::{EntryAction, EntryContext, ExitContext};
 use super::ffi::{C_SKIP_EXIT, CEntryContext, CEntryFn, CExitContext, CExitFn, CHandler};
@@ -49,6 +50,50 @@ use super::stats::{Counter, CounterView};
 use crate::context::{Context, context};
 use crate::rcu;
 use crate::sync::Ordering;
+
+/// What a frame that took a return keeps for its engine
+/// ([`Registry::on_entry_keeping_return`]), in place on the thread's
+/// shadow stack from the entry until the frame is popped: an engine may
+/// read it there, or have an unwinder read it (its unwind information
+/// pointing at [`KeptReturn::RET_ADDR`] and [`KeptReturn::SAVED`] from a
+/// register holding the address). Never moved or written while the frame
+/// lives.
+#[repr(C)]
+#[derive(Debug)]
+pub struct KeptReturn {
+    /// The engine's own word (`saved`).
+    pub saved: u64,
+    /// The caller's return address.
+    pub ret_addr: u64,
+    /// Where the engine found it (`sp`).
+    pub sp: u64,
+}
+
+impl KeptReturn {
+    /// Byte offset of [`saved`](Self::saved).
+    pub const SAVED: usize = std::mem::offset_of!(KeptReturn, saved);
+    /// Byte offset of [`ret_addr`](Self::ret_addr).
+    pub const RET_ADDR: usize = std::mem::offset_of!(KeptReturn, ret_addr);
+}
+
+/// Whether the calling thread runs on its alternate signal stack
+/// (`sigaltstack`), where its stack pointer says nothing of the order of
+/// the calls kept on the thread's stack. A system call, on a cold path.
+#[cfg(all(unix, not(miri)))]
+fn on_alternate_signal_stack() -> bool {
+    let mut ss = std::mem::MaybeUninit::<libc::stack_t>::zeroed();
+    // SAFETY: a null new stack only queries; `ss` is writable and sized
+    // for the answer. Async-signal-safe.
+    let r = unsafe { libc::sigaltstack(std::ptr::null(), ss.as_mut_ptr()) };
+    // SAFETY: zeroed, and filled in by a successful call.
+    r == 0 && unsafe { ss.assume_init() }.ss_flags & libc::SS_ONSTACK != 0
+}
+
+/// No alternate signal stacks to tell here.
+#[cfg(not(all(unix, not(miri))))]
+fn on_alternate_signal_stack() -> bool {
+    false
+}
 
 /// Counts `which` for the probe of attachment `a` (`counters`: the bank of
 /// the thread's counters this dispatch bumps).
@@ -76,7 +121,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// this call returns.
     #[inline]
     pub fn on_entry(&self, addr: u64, ret_addr: u64, ctx: &C) {
-        self.entry::<true, false>(addr, ret_addr, 0, ctx);
+        self.entry::<true, false>(addr, ret_addr, 0, 0, ctx);
     }
 
     /// [`on_entry`](Self::on_entry) inside a read-side section the caller
@@ -84,7 +129,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// the dispatch's own section nests in it without loading the epoch.
     #[inline]
     pub fn on_entry_in(&self, _guard: &rcu::ReadGuard, addr: u64, ret_addr: u64, ctx: &C) {
-        self.entry::<true, false>(addr, ret_addr, 0, ctx);
+        self.entry::<true, false>(addr, ret_addr, 0, 0, ctx);
     }
 
     /// Function entry for an engine that hooks a return only when it has
@@ -111,7 +156,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// ```
     #[inline]
     pub fn on_entry_for_exit(&self, addr: u64, ret_addr: u64, ctx: &C) -> bool {
-        self.entry::<false, false>(addr, ret_addr, 0, ctx)
+        self.entry::<false, false>(addr, ret_addr, 0, 0, ctx) != 0
     }
 
     /// Function entry for an engine that takes the call's return over: it
@@ -140,7 +185,46 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// ```
     #[inline]
     pub fn on_entry_taking_return(&self, addr: u64, ret_addr: u64, sp: u64, ctx: &C) -> bool {
-        self.entry::<false, true>(addr, ret_addr, sp, ctx)
+        self.entry::<false, true>(addr, ret_addr, sp, 0, ctx) != 0
+    }
+
+    /// [`on_entry_taking_return`](Self::on_entry_taking_return) that also
+    /// keeps `saved`, a word of the engine's own (the value of a register
+    /// it must give back, say), and returns where the frame keeps it with
+    /// the return address: a [`KeptReturn`] that stays in place, unchanged,
+    /// until [`on_return`](Self::on_return) with this `sp` pops the frame
+    /// (or a later return or entry finds it abandoned: see
+    /// [`Missed::unwound`](super::Missed::unwound)). An engine can point
+    /// unwind information at it, so that an unwinder walking out of the
+    /// function finds its caller's return address there. `None` when
+    /// nothing was kept, as `false` from `on_entry_taking_return`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fprobe::probe::{Fprobe, Registry};
+    ///
+    /// let registry = Registry::<()>::builder().build().unwrap();
+    /// registry.register(Fprobe::builder().exit(|_| {}).build(), &[0x2000]).unwrap();
+    ///
+    /// let kept = registry.on_entry_keeping_return(0x2000, 0x500, 0x7ff0, 42, &()).unwrap();
+    /// // SAFETY: the frame stays in place until the return below.
+    /// let k = unsafe { kept.as_ref() };
+    /// assert_eq!((k.saved, k.ret_addr, k.sp), (42, 0x500, 0x7ff0));
+    /// assert_eq!(registry.on_return(0x7ff0, &()), Some(0x500));
+    /// ```
+    #[inline]
+    pub fn on_entry_keeping_return(
+        &self,
+        addr: u64,
+        ret_addr: u64,
+        sp: u64,
+        saved: u64,
+        ctx: &C,
+    ) -> Option<NonNull<KeptReturn>> {
+        let at = self.entry::<false, true>(addr, ret_addr, sp, saved, ctx);
+        // The frame's address, its provenance exposed by `Words::addr`.
+        NonNull::new(std::ptr::with_exposed_provenance_mut(at as usize))
     }
 
     /// The thread's state cached in its context, read by a dispatch that
@@ -160,16 +244,18 @@ impl<C: Send + Sync + 'static> Registry<C> {
 
     /// An entry; `MARK`: count a bare call when no exit handler is kept
     /// (the caller calls `on_exit` for every entry); `RET`: the frame keeps
-    /// `ret_addr` and `sp` for [`on_return`](Self::on_return). Returns
-    /// whether a frame was pushed.
+    /// `saved`, `ret_addr` and `sp` for [`on_return`](Self::on_return).
+    /// Returns 0 when no frame was pushed, else the address of the frame's
+    /// [`KeptReturn`] (`RET`) or 1.
     #[inline(always)]
     fn entry<const MARK: bool, const RET: bool>(
         &self,
         addr: u64,
         ret_addr: u64,
         sp: u64,
+        saved: u64,
         ctx: &C,
-    ) -> bool {
+    ) -> u64 {
         let c = context();
         let rec = c.rcu.get();
         if !rec.is_null() {
@@ -177,59 +263,116 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // claimed record of the process-wide domain, never freed.
             let rec = unsafe { &*rec };
             if rcu::begin_dispatch(rec) {
-                let kept = self.entry_outermost::<MARK, RET>(c, addr, ret_addr, sp, ctx);
+                let kept = self.entry_outermost::<MARK, RET>(c, addr, ret_addr, sp, saved, ctx);
                 rec.end_dispatch();
                 return kept;
             }
         }
-        self.entry_slow::<MARK, RET>(addr, ret_addr, sp, ctx)
+        self.entry_slow::<MARK, RET>(addr, ret_addr, sp, saved, ctx)
     }
 
     /// The entry of an outermost dispatch, inside its section (the
     /// `DISPATCH` bit set by `entry` or by a [`DispatchSection`]).
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn entry_outermost<const MARK: bool, const RET: bool>(
         &self,
         c: &Context,
         addr: u64,
         ret_addr: u64,
         sp: u64,
+        saved: u64,
         ctx: &C,
-    ) -> bool {
+    ) -> u64 {
         let Some(local) = self.cached_local(c) else {
-            return self.entry_outermost_slow::<MARK, RET>(c, addr, ret_addr, sp, ctx);
+            return self.entry_outermost_slow::<MARK, RET>(c, addr, ret_addr, sp, saved, ctx);
         };
+        if RET {
+            self.end_frames_below(local, sp);
+        }
         // SAFETY: inside the dispatch's section (the caller's).
         let attached = unsafe { self.index.get_in_section(addr) };
         let counters = local.counters.outer();
-        self.entry_run::<MARK, RET>(local, counters, attached, addr, ret_addr, sp, ctx)
+        self.entry_run::<MARK, RET>(local, counters, attached, addr, ret_addr, sp, saved, ctx)
+    }
+
+    /// Before an outermost entry that takes its return at `sp`: when the
+    /// top frame took its return at a lower stack address, its call is
+    /// gone (an exception, a forced unwind or a `longjmp` went past it),
+    /// and [`end_unwound`](Self::end_unwound) ends it and any like it
+    /// below. One load and a sign test when the top frame is not one that
+    /// took a return, two loads and a compare when it is: a thread whose
+    /// exceptions are caught by a function without an exit probe never
+    /// fills its stack with abandoned frames.
+    #[inline(always)]
+    fn end_frames_below(&self, local: &ShadowStack, sp: u64) {
+        let t = local.top();
+        if (local.read(t - 1) as i64) < 0 && local.read(t - HEADER - 1) < sp {
+            self.end_unwound(local, sp);
+        }
+    }
+
+    /// Ends, as [`Missed::unwound`](super::Missed::unwound), the frames on
+    /// top of the stack that took their return below `sp`, for an
+    /// outermost entry at `sp` on the thread's own stack. An entry made on
+    /// an alternate signal stack (`sigaltstack`) ends none: that stack may
+    /// lie above the thread's, under frames whose calls are live.
+    #[cold]
+    #[inline(never)]
+    fn end_unwound(&self, local: &ShadowStack, sp: u64) {
+        if on_alternate_signal_stack() {
+            return;
+        }
+        let counters = local.counters.outer();
+        loop {
+            let t = local.top();
+            let word = local.read(t - 1);
+            // Bare calls above the frame (another engine's) are left alone.
+            if word & TAKES_RETURN == 0 || local.read(t) != 0 {
+                return;
+            }
+            if local.read(t - HEADER - 1) >= sp {
+                return;
+            }
+            let entries = t - HEADER - RETURN_WORDS;
+            let n = word & !TAKES_RETURN;
+            let at = self.end_unrun(local, counters, entries, n, Some(Counter::Unwound));
+            local.release(at);
+        }
     }
 
     /// [`entry_outermost`](Self::entry_outermost) when the state is not
     /// cached: made, emptied into the current pairing epoch, cached.
     #[cold]
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn entry_outermost_slow<const MARK: bool, const RET: bool>(
         &self,
         c: &Context,
         addr: u64,
         ret_addr: u64,
         sp: u64,
+        saved: u64,
         ctx: &C,
-    ) -> bool {
+    ) -> u64 {
         match self.local_outermost(c) {
-            None => false,
+            None => 0,
             Some(local) if recursion::ignored(c) => {
                 if MARK {
                     local.push_bare();
                 }
-                false
+                0
             }
             Some(local) => {
+                if RET {
+                    self.end_frames_below(local, sp);
+                }
                 // SAFETY: inside the dispatch's section (the caller's).
                 let attached = unsafe { self.index.get_in_section(addr) };
                 let counters = local.counters.outer();
-                self.entry_run::<MARK, RET>(local, counters, attached, addr, ret_addr, sp, ctx)
+                self.entry_run::<MARK, RET>(
+                    local, counters, attached, addr, ret_addr, sp, saved, ctx,
+                )
             }
         }
     }
@@ -259,7 +402,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// ```
     #[inline]
     pub fn on_entry_held(&self, _section: &DispatchSection, addr: u64, ret_addr: u64, ctx: &C) {
-        self.entry_outermost::<true, false>(context(), addr, ret_addr, 0, ctx);
+        self.entry_outermost::<true, false>(context(), addr, ret_addr, 0, 0, ctx);
     }
 
     /// An entry off the fast path: the thread's first dispatch (no record
@@ -273,28 +416,30 @@ impl<C: Send + Sync + 'static> Registry<C> {
         addr: u64,
         ret_addr: u64,
         sp: u64,
+        saved: u64,
         ctx: &C,
-    ) -> bool {
+    ) -> u64 {
         let Some(rec) = rcu::thread_record() else {
-            return false;
+            return 0;
         };
         let c = context();
         if rcu::begin_dispatch(rec) {
-            let kept = self.entry_outermost_slow::<MARK, RET>(c, addr, ret_addr, sp, ctx);
+            let kept = self.entry_outermost_slow::<MARK, RET>(c, addr, ret_addr, sp, saved, ctx);
             rec.end_dispatch();
             return kept;
         }
         // Nested: a section of its own inside the running dispatch's.
         let guard = rcu::read_lock();
         let Some(local) = self.local_nested() else {
-            return false;
+            return 0;
         };
         let counters = local.counters.nested();
         let attached = self.index.get(addr, &guard);
         match recursion::enter_nested() {
             Entered::Run(level) => {
-                let kept =
-                    self.entry_run::<MARK, RET>(local, counters, attached, addr, ret_addr, sp, ctx);
+                let kept = self.entry_run::<MARK, RET>(
+                    local, counters, attached, addr, ret_addr, sp, saved, ctx,
+                );
                 drop(level);
                 kept
             }
@@ -307,7 +452,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 if MARK {
                     local.push_bare();
                 }
-                false
+                0
             }
         }
     }
@@ -324,15 +469,16 @@ impl<C: Send + Sync + 'static> Registry<C> {
         addr: u64,
         ret_addr: u64,
         sp: u64,
+        saved: u64,
         ctx: &C,
-    ) -> bool {
+    ) -> u64 {
         let kept = match attached {
-            [] => false,
+            [] => 0,
             // One probe at the address, the usual case: straight-line code.
-            [a] => self.entry_one::<RET>(local, counters, a, addr, ret_addr, sp, ctx),
-            _ => self.entry_frame::<RET>(local, counters, attached, addr, ret_addr, sp, ctx),
+            [a] => self.entry_one::<RET>(local, counters, a, addr, ret_addr, sp, saved, ctx),
+            _ => self.entry_frame::<RET>(local, counters, attached, addr, ret_addr, sp, saved, ctx),
         };
-        if MARK && !kept {
+        if MARK && kept == 0 {
             local.push_bare();
         }
         kept
@@ -340,7 +486,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
 
     /// The entry of one attachment: [`entry_frame`](Self::entry_frame)'s
     /// steps and counts, without the loop and the bookkeeping of several
-    /// return entries. Returns whether it pushed a frame.
+    /// return entries. Returns what [`entry`](Self::entry) does.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn entry_one<const RET: bool>(
@@ -351,8 +497,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
         addr: u64,
         ret_addr: u64,
         sp: u64,
+        saved: u64,
         ctx: &C,
-    ) -> bool {
+    ) -> u64 {
         // SAFETY: `a.slot` indexes `self.slots` (`Attach` invariant).
         let slot = unsafe { self.slots.get_unchecked(a.slot as usize) };
         // Acquire: as in `entry_frame`.
@@ -361,13 +508,13 @@ impl<C: Send + Sync + 'static> Registry<C> {
             if s == state(a.generation, false) {
                 count(counters, a, Counter::Disabled);
             }
-            return false;
+            return 0;
         }
         // Relaxed: ordered by the Acquire above.
         let p = slot.probe.load(Ordering::Relaxed);
         // SAFETY: as in `entry_frame`.
         let Some(p) = (unsafe { p.as_ref() }) else {
-            return false;
+            return 0;
         };
         let header = if RET { HEADER + RETURN_WORDS } else { HEADER };
         let fw = a.frame_words as usize;
@@ -382,7 +529,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 count(counters, a, Counter::Depth);
             }
             run_entry(local, p, a, counters, addr, ret_addr, ctx, &mut []);
-            return false;
+            return 0;
         };
         count(counters, a, Counter::Kept);
         let w = local.words();
@@ -392,15 +539,15 @@ impl<C: Send + Sync + 'static> Registry<C> {
         match run_entry(local, p, a, counters, addr, ret_addr, ctx, data) {
             EntryAction::Continue => {
                 write_return_entry(w, at, a);
-                write_header::<RET>(w, at + fw, 1, addr, ret_addr, sp);
+                write_header::<RET>(w, at + fw, 1, addr, ret_addr, sp, saved);
                 // The reservation was exactly the frame: `top` already
                 // covers it, and the frame is complete once written.
-                true
+                if RET { w.addr(at + fw) } else { 1 }
             }
             EntryAction::SkipExit => {
                 count(counters, a, Counter::Unrun);
                 local.release(at);
-                false
+                0
             }
         }
     }
@@ -408,7 +555,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// Runs the entry side of every probe in `attached` and pushes the
     /// call's frame when an exit is kept (see `shadow.rs` for the layout
     /// and why each step is safe against a signal handler that dispatches
-    /// in between). Returns whether it pushed one.
+    /// in between). Returns what [`entry`](Self::entry) does.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn entry_frame<const RET: bool>(
@@ -419,8 +566,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
         addr: u64,
         ret_addr: u64,
         sp: u64,
+        saved: u64,
         ctx: &C,
-    ) -> bool {
+    ) -> u64 {
         let w = local.words();
         let header = if RET { HEADER + RETURN_WORDS } else { HEADER };
         let need = header
@@ -491,16 +639,16 @@ impl<C: Send + Sync + 'static> Registry<C> {
             }
         }
         let Some(at) = at else {
-            return false;
+            return 0;
         };
         if n == 0 {
             // Reserved, nothing kept: given back.
             local.release(at);
-            return false;
+            return 0;
         }
-        write_header::<RET>(w, at + used, n, addr, ret_addr, sp);
+        write_header::<RET>(w, at + used, n, addr, ret_addr, sp, saved);
         local.commit(at, used + header);
-        true
+        if RET { w.addr(at + used) } else { 1 }
     }
 
     /// Function return: runs the exit handlers kept by the matching
@@ -625,7 +773,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let at = match ending {
             Ending::Run => self.exit_frame::<false>(local, counters, t, n, ret_addr, ctx),
             Ending::Unrun { recursion } => {
-                self.end_unrun(local, counters, t - HEADER, n, recursion)
+                let cause = recursion.then_some(Counter::Recursion);
+                self.end_unrun(local, counters, t - HEADER, n, cause)
             }
         };
         local.release(at);
@@ -643,13 +792,17 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// `true` with this `sp`): runs the exit handlers kept for it, newest
     /// first, and returns the caller's return address kept with them.
     ///
-    /// Frames above it are of calls that never returned: calls whose
-    /// return was taken and kept at a lower `sp` (a `longjmp` or an
-    /// exception went past them) have their exit handlers run first, with
-    /// this call's context; plain entries whose `on_exit` never came end
-    /// without theirs. `None` when no frame kept at `sp` is found (the
-    /// calls did not nest, or the thread's state is being destroyed):
-    /// the return address is lost.
+    /// Frames above it are of calls that never returned (a `longjmp`, an
+    /// exception or a forced unwind went past them): calls whose return was
+    /// taken and kept at a lower `sp`, and plain entries whose `on_exit`
+    /// never came. They end without their exit handlers, counted in
+    /// [`Missed::unwound`](super::Missed::unwound), as the kernel's fgraph
+    /// runs none for the calls it skips: such a call has no return value,
+    /// and the registers at hand are another call's. (An entry that takes
+    /// its return ends them too, when it finds them below its own `sp`.)
+    /// `None` when no frame kept at `sp` is found (the calls did not nest,
+    /// or the thread's state is being destroyed): the return address is
+    /// lost.
     ///
     /// # Examples
     ///
@@ -728,10 +881,16 @@ impl<C: Send + Sync + 'static> Registry<C> {
             if word == 0 {
                 return None; // the bottom: word 0
             }
+            // A frame gone past (module docs of `on_return`) counts as
+            // unwound, but on an ignored thread, which counts nothing.
+            let gone = match ending {
+                Ending::Unrun { recursion: false } => None,
+                _ => Some(Counter::Unwound),
+            };
             if word & TAKES_RETURN == 0 {
                 // A plain entry's frame above ours, its exit never
-                // dispatched: it ends unrun.
-                let at = self.end_unrun(local, counters, t - HEADER, word, false);
+                // dispatched.
+                let at = self.end_unrun(local, counters, t - HEADER, word, gone);
                 local.release(at);
                 continue;
             }
@@ -739,19 +898,23 @@ impl<C: Send + Sync + 'static> Registry<C> {
             if at_sp > sp {
                 return None; // a frame of a caller's call: ours is gone
             }
-            let ret = local.read(t - HEADER - 2);
+            let entries = t - HEADER - RETURN_WORDS;
             let n = word & !TAKES_RETURN;
+            if at_sp < sp {
+                let at = self.end_unrun(local, counters, entries, n, gone);
+                local.release(at);
+                continue;
+            }
+            let ret = local.read(t - HEADER - 2);
             let at = match ending {
                 Ending::Run => self.exit_frame::<true>(local, counters, t, n, ret, ctx),
                 Ending::Unrun { recursion } => {
-                    let entries = t - HEADER - RETURN_WORDS;
-                    self.end_unrun(local, counters, entries, n, recursion)
+                    let cause = recursion.then_some(Counter::Recursion);
+                    self.end_unrun(local, counters, entries, n, cause)
                 }
             };
             local.release(at);
-            if at_sp == sp {
-                return Some(ret);
-            }
+            return Some(ret);
         }
     }
 
@@ -877,9 +1040,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
 
     /// Ends the `n` return entries below word `entries` without running
     /// their exit handlers (an ignored thread, a recursive exit, or frames
-    /// dropped by `on_return`), counting `Unrun` (and `Recursion` if
-    /// `recursion`) for those whose probe is still registered; returns the
-    /// frame's first word.
+    /// an unwind went past), counting `Unrun` (and `cause`, `Recursion` or
+    /// `Unwound`, if any) for those whose probe is still registered;
+    /// returns the frame's first word.
     #[cold]
     #[inline(never)]
     fn end_unrun(
@@ -888,7 +1051,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         counters: CounterView,
         entries: usize,
         n: u64,
-        recursion: bool,
+        cause: Option<Counter>,
     ) -> usize {
         let w = local.words();
         let mut p = entries;
@@ -904,11 +1067,13 @@ impl<C: Send + Sync + 'static> Registry<C> {
             {
                 continue;
             }
-            // SAFETY: `slot_idx` indexes `self.slots` (checked above); the
-            // bank is this dispatch's.
+            // SAFETY: `slot_idx` indexes `self.slots` (checked above), which
+            // the thread's counters cover; the bank is this dispatch's.
             unsafe {
-                if recursion {
-                    counters.bump(slot_idx, Counter::Recursion);
+                match cause {
+                    Some(Counter::Unwound) => local.counters.bump_unwound(counters, slot_idx),
+                    Some(cause) => counters.bump(slot_idx, cause),
+                    None => {}
                 }
                 counters.bump(slot_idx, Counter::Unrun);
             }
@@ -1012,7 +1177,8 @@ fn write_return_entry(w: Words, at: usize, a: &Attach) {
 }
 
 /// Writes a frame's header at word `h`, above its `n` return entries:
-/// `[addr, n]`, or `[ret_addr, sp, addr, n | TAKES_RETURN]` (`RET`).
+/// `[addr, n]`, or `[saved, ret_addr, sp, addr, n | TAKES_RETURN]`
+/// (`RET`; the first three a [`KeptReturn`]).
 #[inline(always)]
 fn write_header<const RET: bool>(
     w: Words,
@@ -1021,10 +1187,12 @@ fn write_header<const RET: bool>(
     addr: u64,
     ret_addr: u64,
     sp: u64,
+    saved: u64,
 ) {
     if RET {
-        w.write(h, ret_addr);
-        w.write(h + 1, sp);
+        w.write(h, saved);
+        w.write(h + 1, ret_addr);
+        w.write(h + 2, sp);
         h += RETURN_WORDS;
     }
     w.write(h, addr);

@@ -73,6 +73,12 @@
 //! * A pairing reset never forgets a call whose return was taken over
 //!   (nor the frames below it): [`on_return`](Registry::on_return) hands
 //!   its return address back whatever happened in between.
+//! * A call that never returns (an exception, a forced unwind or a
+//!   `longjmp` went past it) runs no exit handler, as in the kernel's
+//!   fgraph: an engine that takes returns over finds it by stack address
+//!   ([`on_return`](Registry::on_return) of a caller, or the next entry
+//!   taking its return from higher up the stack) and ends it, counted in
+//!   [`Missed::unwound`].
 //!
 //! # Execution context
 //!
@@ -154,7 +160,7 @@ mod shadow;
 mod stats;
 
 pub use def::{EntryAction, EntryContext, ExitContext, Fprobe, FprobeBuilder};
-pub use dispatch::{DispatchSection, ignore_current_thread, in_handler};
+pub use dispatch::{DispatchSection, KeptReturn, ignore_current_thread, in_handler};
 pub use ffi::{
     C_SKIP_EXIT, CEngineCtx, CEngineRepr, CEntryContext, CEntryFn, CExitContext, CExitFn,
 };

@@ -299,7 +299,7 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
     /// Deeper calls still run their entry handlers; their exit handlers
     /// are skipped and counted ([`Missed::depth`](super::Missed::depth)).
     /// Each thread that dispatches takes `max_depth × (ceil(data_size /
-    /// 8) + 8)` words (a frame takes its data words and 6 more, 8 when
+    /// 8) + 9)` words (a frame takes its data words and 6 more, 9 when
     /// it took a return).
     pub fn max_depth(mut self, depth: usize) -> Self {
         self.max_depth = depth;
@@ -349,7 +349,7 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
         }
         let stack_words = self
             .max_depth
-            .checked_mul(self.data_size.div_ceil(8) + 8)
+            .checked_mul(self.data_size.div_ceil(8) + 9)
             .filter(|&w| w <= 1 << 24)
             .ok_or(Error::InvalidConfig(
                 "max_depth × data_size makes a shadow stack over 128 MiB",
@@ -378,7 +378,7 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
             book: Mutex::new(Book {
                 attached: vec![Attached::Nowhere; self.max_probes],
                 free: (0..self.max_probes as u32).rev().collect(),
-                base: vec![[0; NCOUNTERS]; self.max_probes],
+                base: vec![[0; NCOUNTERS + 1]; self.max_probes],
                 dirty: vec![false; self.max_probes],
                 parked: Vec::new(),
             }),
@@ -409,7 +409,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
 
     /// The counters of `slot`, summed over threads.
     fn sum(&self, slot: u32) -> Sums {
-        let mut s = [0; NCOUNTERS];
+        let mut s = [0; NCOUNTERS + 1];
         for local in self.locals.iter() {
             local.counters.add_to(slot, &mut s);
         }

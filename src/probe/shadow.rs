@@ -23,10 +23,15 @@
 //!   (`top` moves down to it);
 //! * a call whose entry took its return over (an engine that replaces the
 //!   return address, `Registry::on_entry_taking_return`) and kept `n ≥ 1`
-//!   return entries pushes them, then `[ret_addr, sp, addr, n |
-//!   TAKES_RETURN]`: the caller's return address and where the engine
-//!   found it, which only `Registry::on_return` pops and hands back. Such
-//!   a call adds nothing when it keeps no return entry.
+//!   return entries pushes them, then `[saved, ret_addr, sp, addr, n |
+//!   TAKES_RETURN]`: a word the engine keeps there (a register's value),
+//!   the caller's return address and where the engine found it, which
+//!   only `Registry::on_return` pops and hands back. Such a call adds
+//!   nothing when it keeps no return entry. The first three words are the
+//!   engine's [`KeptReturn`](super::KeptReturn), which it may read in
+//!   place until the return: the stack is one allocation that never
+//!   moves, and nothing but that return (or an unwind found past it)
+//!   pops the frame.
 //!
 //! A pairing reset keeps every frame up to the topmost one that took a
 //! return (those calls still return through their engine, which needs its
@@ -64,8 +69,9 @@ use crate::sync::{Ordering, compiler_fence};
 
 /// Words of a full frame's header (`[addr, n]`).
 pub(super) const HEADER: usize = 2;
-/// Words a frame that took a return adds below its header (`[ret_addr, sp]`).
-pub(super) const RETURN_WORDS: usize = 2;
+/// Words a frame that took a return adds below its header (`[saved,
+/// ret_addr, sp]`, a [`KeptReturn`](super::KeptReturn)).
+pub(super) const RETURN_WORDS: usize = 3;
 /// Set in the top word of a frame that took a return (the sign bit, which
 /// [`ShadowStack::pop_frame`] relies on).
 pub(super) const TAKES_RETURN: u64 = 1 << 63;
@@ -339,6 +345,14 @@ impl Words {
         debug_assert!(i < self.cap);
         // SAFETY: as in `read`.
         unsafe { self.stack.as_ptr().add(i).write(v) }
+    }
+
+    /// The address of word `i`, its provenance exposed: an engine reads
+    /// the word there ([`KeptReturn`](super::KeptReturn)), or has an
+    /// unwinder read it.
+    #[inline(always)]
+    pub(super) fn addr(self, i: usize) -> u64 {
+        self.stack.as_ptr().wrapping_add(i).expose_provenance() as u64
     }
 
     /// `len` bytes from word `i` as per-call data, for an entry handler.

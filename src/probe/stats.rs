@@ -10,7 +10,7 @@ use crate::sync::unmodelled::AtomicU64;
 ///
 /// ```
 /// let m = fprobe::probe::Missed::default();
-/// assert_eq!(m.recursion + m.depth + m.disabled, 0);
+/// assert_eq!(m.recursion + m.depth + m.disabled + m.unwound, 0);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -23,6 +23,13 @@ pub struct Missed {
     pub depth: u64,
     /// Hits while the probe was disabled.
     pub disabled: u64,
+    /// Exit handlers skipped because the call never returned: an
+    /// exception, a forced unwind (`pthread_exit`, `pthread_cancel`) or a
+    /// `longjmp` went past it. Found by stack pointer by an engine that
+    /// takes returns over ([`Registry::on_return`](super::Registry::on_return),
+    /// and its entries), which ends such calls without running their exit
+    /// handlers.
+    pub unwound: u64,
 }
 
 /// Counters of one probe, summed over threads.
@@ -80,16 +87,23 @@ pub(super) enum Counter {
     /// A kept return entry that ran no exit handler to completion (its
     /// entry handler skipped the exit or panicked, the exit handler
     /// panicked, was refused as recursion, the thread was ignored, or the
-    /// frame was forgotten). Each kept entry ends in exactly one of
-    /// `Exits` and `Unrun` while its probe stays registered.
+    /// frame was forgotten, or the call unwound). Each kept entry ends in
+    /// exactly one of `Exits` and `Unrun` while its probe stays registered.
     Unrun,
+    /// A kept return entry ended because an unwind or a `longjmp` went
+    /// past its call (bumped with `Unrun`, as `Recursion` is for a refused
+    /// exit). Bumped off the hot path only, so kept apart from the others
+    /// ([`Counters::bump_unwound`]): a slot's hot counters stay one 64-byte
+    /// block.
+    Unwound,
 }
 
-/// Counters per probe slot (64 bytes per slot and thread).
+/// Counters per probe slot in the hot banks (64 bytes per slot and
+/// thread); [`Counter::Unwound`] is kept apart.
 pub(super) const NCOUNTERS: usize = 8;
 
-/// A sum of one slot's counters.
-pub(super) type Sums = [u64; NCOUNTERS];
+/// A sum of one slot's counters, `Unwound` last.
+pub(super) type Sums = [u64; NCOUNTERS + 1];
 
 impl ProbeStats {
     /// The stats of `now - base`.
@@ -102,6 +116,7 @@ impl ProbeStats {
                 recursion: c(Counter::Recursion),
                 depth: c(Counter::Depth),
                 disabled: c(Counter::Disabled),
+                unwound: c(Counter::Unwound),
             },
             panics: c(Counter::Panics),
             in_flight: pending(now).saturating_sub(pending(base)),
@@ -134,6 +149,8 @@ fn pending(s: &Sums) -> u64 {
 pub(super) struct Counters {
     /// `[outer bank | nested bank]`, `NCOUNTERS` per slot in each.
     words: Box<[AtomicU64]>,
+    /// [`Counter::Unwound`] per slot, `[outer | nested]` likewise.
+    unwound: Box<[AtomicU64]>,
     slots: usize,
 }
 
@@ -143,6 +160,7 @@ impl Counters {
             words: (0..2 * slots * NCOUNTERS)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            unwound: (0..2 * slots).map(|_| AtomicU64::new(0)).collect(),
             slots,
         }
     }
@@ -175,15 +193,39 @@ impl Counters {
     /// call's life ([`Counter::Exits`]) is loaded before one bumped earlier
     /// ([`Counter::Hits`]): a reader never sees more exits than hits.
     pub(super) fn add_to(&self, slot: u32, sums: &mut Sums) {
+        // Acquire, both: pair with the Release of `bump_unwound` (its
+        // `bump_one`), as below; loaded first, as a count bumped at the
+        // end of a call's life.
+        sums[NCOUNTERS] += self.unwound[self.slots + slot as usize].load(Ordering::Acquire);
+        sums[NCOUNTERS] += self.unwound[slot as usize].load(Ordering::Acquire);
         let outer = slot as usize * NCOUNTERS;
         let nested = outer + self.slots * NCOUNTERS;
-        for (i, s) in sums.iter_mut().enumerate().rev() {
+        for (i, s) in sums[..NCOUNTERS].iter_mut().enumerate().rev() {
             // Acquire, both: pair with the Release of the bumps; the counts
             // loaded after these (lower indices) are at least those bumped
             // before the counts seen here.
             *s += self.words[nested + i].load(Ordering::Acquire);
             *s += self.words[outer + i].load(Ordering::Acquire);
         }
+    }
+}
+
+impl Counters {
+    /// Adds one to `slot`'s [`Counter::Unwound`], in the bank `view` is
+    /// (outer or nested), as [`CounterView::bump`] does: owner only.
+    ///
+    /// # Safety
+    ///
+    /// As [`CounterView::bump`], with `view` a view of these counters.
+    pub(super) unsafe fn bump_unwound(&self, view: CounterView, slot: u32) {
+        let bank = if view.nested { self.slots } else { 0 };
+        debug_assert!((slot as usize) < self.slots);
+        // SAFETY: `slot` is below the slot count (the caller's contract),
+        // so the index is in `unwound`'s bank.
+        let c = unsafe { self.unwound.get_unchecked(bank + slot as usize) };
+        // SAFETY: the caller's contract: an outer view only in the
+        // thread's outermost dispatch.
+        unsafe { bump_one(c, view.nested) }
     }
 }
 
@@ -212,35 +254,50 @@ impl CounterView {
     /// dispatch, while it holds the `DISPATCH` bit (see [`Counters`]).
     #[inline(always)]
     pub(super) unsafe fn bump(self, slot: u32, which: Counter) {
+        debug_assert!((which as usize) < NCOUNTERS, "Unwound: bump_unwound");
         let i = slot as usize * NCOUNTERS + which as usize;
         // SAFETY: `i` is in the bank and the counters live, by the
         // caller's contract.
         let c = unsafe { &*self.base.add(i) };
-        if !self.nested {
-            // Relaxed load: only this thread stores the counter, and no
-            // other outer bump runs meanwhile (`Counters`). Release: pairs
-            // with the Acquire loads of `add_to`, so a reader that sees
-            // this count sees the counts the thread bumped before it.
-            c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
-            return;
-        }
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        // SAFETY: `c` is a valid, aligned `u64` owned by this allocation;
-        // the instruction reads and writes those 8 bytes only. Other
-        // threads only load it (aligned 8-byte accesses are single-copy
-        // atomic on x86-64), and only this thread stores it (invariant of
-        // `Counters`); one instruction, so a signal handler's bump cannot
-        // fall between its load and its store.
-        unsafe {
-            std::arch::asm!(
-                "add qword ptr [{0}], 1",
-                in(reg) c.as_ptr(),
-                options(nostack)
-            );
-        }
-        // Release: as above (on x86-64 the `add` gives the same: stores
-        // are not reordered with earlier stores).
-        #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-        c.fetch_add(1, Ordering::Release);
+        // SAFETY: the caller's contract.
+        unsafe { bump_one(c, self.nested) }
     }
+}
+
+/// Adds one to counter `c` of a bank (`nested` or outer): see
+/// [`CounterView::bump`].
+///
+/// # Safety
+///
+/// `c` is a counter of the calling thread's [`Counters`]; an outer one
+/// (`nested == false`) only in the thread's outermost dispatch, while it
+/// holds the `DISPATCH` bit.
+#[inline(always)]
+unsafe fn bump_one(c: &AtomicU64, nested: bool) {
+    if !nested {
+        // Relaxed load: only this thread stores the counter, and no
+        // other outer bump runs meanwhile (`Counters`). Release: pairs
+        // with the Acquire loads of `add_to`, so a reader that sees
+        // this count sees the counts the thread bumped before it.
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
+        return;
+    }
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: `c` is a valid, aligned `u64` owned by this allocation;
+    // the instruction reads and writes those 8 bytes only. Other
+    // threads only load it (aligned 8-byte accesses are single-copy
+    // atomic on x86-64), and only this thread stores it (invariant of
+    // `Counters`); one instruction, so a signal handler's bump cannot
+    // fall between its load and its store.
+    unsafe {
+        std::arch::asm!(
+            "add qword ptr [{0}], 1",
+            in(reg) c.as_ptr(),
+            options(nostack)
+        );
+    }
+    // Release: as above (on x86-64 the `add` gives the same: stores
+    // are not reordered with earlier stores).
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    c.fetch_add(1, Ordering::Release);
 }

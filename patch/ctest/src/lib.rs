@@ -94,3 +94,27 @@ pub fn logged(log: &ArgLog, name: &str) -> (u64, u64, f64, u64, f64) {
         .find(|s| s.0 == addr(name))
         .unwrap_or_else(|| panic!("{name} not seen"))
 }
+
+/// The C++ functions of `c/unwind.cpp` (`extern "C"`, compiled with the
+/// same patchable entries): exceptions, forced unwinds and backtraces.
+/// Every one but `pu_unprobed_caller` and `pu_catch_unprobed` has a
+/// patchable entry. None lets an exception out.
+pub mod cxx {
+    use std::ffi::{c_int, c_long, c_void};
+
+    #[allow(missing_docs)]
+    unsafe extern "C" {
+        pub fn pu_leaf(x: c_long) -> c_long;
+        pub fn pu_dtors() -> c_long;
+        pub fn pu_catch_deep(n: c_int) -> c_int;
+        pub fn pu_catch_rethrow(n: c_int) -> c_int;
+        pub fn pu_nested(n: c_int) -> c_int;
+        pub fn pu_catch_thrower(v: c_int, probed: c_int) -> c_int;
+        pub fn pu_catch_unprobed(n: c_int) -> c_int;
+        pub fn pu_plain(n: c_int) -> c_long;
+        pub fn pu_run_thread(cancel: c_int, n: c_int) -> c_long;
+        pub fn pu_bt_leaf(out: *mut *mut c_void, max: c_int) -> c_int;
+        pub fn pu_bt_mid(out: *mut *mut c_void, max: c_int) -> c_int;
+        pub fn pu_bt_top(out: *mut *mut c_void, max: c_int) -> c_int;
+    }
+}

@@ -185,13 +185,16 @@ fn longjmp_over_hooked_frames_recovers_the_pairing() {
     let a = attach(probe, &[addr("pt_deep"), addr("pt_jumper")]).unwrap();
     for _ in 0..100 {
         // pt_jumper → pt_deep ×11 → longjmp back into pt_jumper, which
-        // returns: its exit runs the 11 skipped exits first, then its own.
+        // returns: its exit ends the 11 skipped calls as unwound (their
+        // exit handlers do not run), then runs its own.
         assert_eq!(unsafe { pt_jumper(black_box(10)) }, 7);
     }
     let st = a.stats();
     assert_eq!(st.hits, 100 * 12);
-    assert_eq!(st.exits, st.hits);
-    assert_eq!(exits.load(Ordering::Relaxed), 1200);
+    assert_eq!(st.exits, 100);
+    assert_eq!(st.missed.unwound, 1100);
+    assert_eq!(st.in_flight, 0);
+    assert_eq!(exits.load(Ordering::Relaxed), 100);
     detach(a).unwrap();
 }
 
