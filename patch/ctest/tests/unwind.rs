@@ -284,3 +284,68 @@ fn backtraces_from_probed_functions_and_handlers_name_the_real_callers() {
     assert_eq!(st.hits, st.exits);
     detach(a).unwrap();
 }
+
+/// Exceptions one round of [`workload`] throws and catches: `pu_catch_deep`
+/// 1, `pu_catch_rethrow` 2 (the throw and the rethrow), `pu_nested` 4,
+/// `pu_catch_thrower` 1.
+const THROWS_PER_ROUND: u64 = 8;
+
+/// Calls of probed functions an unwind goes past in one round, its
+/// `pu_catch_thrower` aside (2 with the probed caller, 1 without): 6, 7
+/// and 10 (as in `exceptions_cross_probed_frames_and_end_the_calls_they_skip`).
+const UNWOUND_PER_ROUND: u64 = 6 + 7 + 10;
+
+/// `rounds` rounds of throwing and catching across probed frames; returns
+/// a digest of what every catcher returned.
+fn workload(rounds: u64) -> u64 {
+    let mut digest = 0u64;
+    for i in 0..rounds {
+        // SAFETY (every call): C++ functions that catch what they throw.
+        let r = unsafe {
+            [
+                pu_catch_deep(black_box(5)),
+                pu_catch_rethrow(black_box(5)),
+                pu_nested(black_box(3)),
+                pu_catch_thrower(black_box((i % 1000) as i32), (i % 2) as i32),
+            ]
+        };
+        for v in r {
+            digest = digest.wrapping_mul(0x100_0000_01b3).wrapping_add(v as u64);
+        }
+    }
+    digest
+}
+
+/// The C++ workload throws and catches `FPROBE_UNWIND_EXCEPTIONS`
+/// exceptions (100,000 by default) with every patchable function probed
+/// on entry and exit, and its catchers return what they return without
+/// probes; then a throw-free phase pairs every entry with its exit.
+#[test]
+fn a_hundred_thousand_exceptions_give_the_results_they_give_without_probes() {
+    let _s = serial();
+    let exceptions: u64 = std::env::var("FPROBE_UNWIND_EXCEPTIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let rounds = exceptions.div_ceil(THROWS_PER_ROUND);
+    let without = workload(rounds);
+    let a = attach_all(|_| {}, |_| {});
+    let (s0, d0) = (a.stats(), BAD_DATA.load(Ordering::Relaxed));
+    let with = workload(rounds);
+    plain_phase(&a);
+    let s1 = a.stats();
+    assert_eq!(with, without, "what the catchers returned");
+    let odd = rounds / 2;
+    let unwound = rounds * UNWOUND_PER_ROUND + odd * 2 + (rounds - odd);
+    assert_eq!(s1.missed.unwound - s0.missed.unwound, unwound);
+    assert_eq!(s1.hits - s0.hits, s1.exits - s0.exits + unwound);
+    assert_eq!((s1.in_flight, s1.missed.depth), (0, 0));
+    assert_eq!(BAD_DATA.load(Ordering::Relaxed), d0, "exit data");
+    eprintln!(
+        "{} exceptions across probed frames: {} probed calls, {} exits, {unwound} unwound",
+        rounds * THROWS_PER_ROUND,
+        s1.hits - s0.hits,
+        s1.exits - s0.exits
+    );
+    detach(a).unwrap();
+}
