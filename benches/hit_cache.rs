@@ -243,28 +243,42 @@ fn sqlite_trace(threads: &[usize], run: Duration) {
     }
 }
 
-/// Total M lookups/s of one thread per stream, for `run`.
-fn throughput(index: &Arc<AddrIndex<u64>>, streams: &[Arc<Vec<u64>>], run: Duration) -> f64 {
+/// Total M lookups/s of one thread per stream, for `run`: each thread
+/// looks its stream up 100 addresses at a time with `batch`, which returns
+/// a digest of the answers.
+fn batches<F>(streams: &[Arc<Vec<u64>>], run: Duration, batch: F) -> f64
+where
+    F: Fn(&[u64]) -> u64 + Clone + Send + 'static,
+{
     let workers = streams
         .iter()
         .map(|s| {
-            let (index, s) = (index.clone(), s.clone());
+            let (s, batch) = (s.clone(), batch.clone());
             let mut at = 0;
             move || {
-                let g = rcu::read_lock();
-                let mut sum = 0u64;
-                for &a in &s[at..at + 100] {
-                    for v in index.get(black_box(a), &g) {
-                        sum = sum.wrapping_add(*v);
-                    }
-                }
-                black_box(sum);
+                black_box(batch(&s[at..at + 100]));
                 at = (at + 100) % (s.len() - 100);
                 100
             }
         })
         .collect();
     runner::throughput(workers, run)
+}
+
+/// The sum of `values`, the answer the index rows compute.
+fn sum(values: &[u64]) -> u64 {
+    values.iter().fold(0u64, |x, v| x.wrapping_add(*v))
+}
+
+/// Total M lookups/s of `index` (one read-side section per batch).
+fn throughput(index: &Arc<AddrIndex<u64>>, streams: &[Arc<Vec<u64>>], run: Duration) -> f64 {
+    let index = index.clone();
+    batches(streams, run, move |addrs| {
+        let g = rcu::read_lock();
+        addrs.iter().fold(0u64, |d, &a| {
+            d.wrapping_add(sum(index.get(black_box(a), &g)))
+        })
+    })
 }
 
 /// [`throughput`] through a standalone cache in front of `index` holding
@@ -275,31 +289,14 @@ fn inline_throughput(
     streams: &[Arc<Vec<u64>>],
     run: Duration,
 ) -> f64 {
-    let workers = streams
-        .iter()
-        .map(|s| {
-            let (index, cache, s) = (index.clone(), cache.clone(), s.clone());
-            let mut at = 0;
-            move || {
-                let g = rcu::read_lock();
-                let mut sum = 0u64;
-                for &a in &s[at..at + 100] {
-                    let a = black_box(a);
-                    let answer = cache.lookup(a, || {
-                        index
-                            .get(a, &g)
-                            .iter()
-                            .fold(0u64, |x, v| x.wrapping_add(*v))
-                    });
-                    sum = sum.wrapping_add(answer);
-                }
-                black_box(sum);
-                at = (at + 100) % (s.len() - 100);
-                100
-            }
+    let (index, cache) = (index.clone(), cache.clone());
+    batches(streams, run, move |addrs| {
+        let g = rcu::read_lock();
+        addrs.iter().fold(0u64, |d, &a| {
+            let a = black_box(a);
+            d.wrapping_add(cache.lookup(a, || sum(index.get(a, &g))))
         })
-        .collect();
-    runner::throughput(workers, run)
+    })
 }
 
 fn main() {
@@ -445,28 +442,17 @@ fn chained_throughput(
     streams: &[Arc<Vec<u64>>],
     run: Duration,
 ) -> f64 {
-    let workers = streams
-        .iter()
-        .map(|s| {
-            let (table, cache, s) = (table.clone(), cache.cloned(), s.clone());
-            let mut at = 0;
-            move || {
-                let mut sum = 0u64;
-                for &a in &s[at..at + 100] {
-                    let a = black_box(a);
-                    let p = match &cache {
-                        Some(c) => c.lookup(a, || table.get(a)),
-                        None => table.get(a),
-                    };
-                    sum = sum.wrapping_add(u64::from(p));
-                }
-                black_box(sum);
-                at = (at + 100) % (s.len() - 100);
-                100
-            }
+    let (table, cache) = (table.clone(), cache.cloned());
+    batches(streams, run, move |addrs| {
+        addrs.iter().fold(0u64, |d, &a| {
+            let a = black_box(a);
+            let p = match &cache {
+                Some(c) => c.lookup(a, || table.get(a)),
+                None => table.get(a),
+            };
+            d.wrapping_add(u64::from(p))
         })
-        .collect();
-    runner::throughput(workers, run)
+    })
 }
 
 /// The kpcache seed measured the time to enable 20k of 40k probes. Here:

@@ -181,29 +181,26 @@ fn setup(uniform: bool) -> Setup {
         .insert_many(addrs.iter().map(|&a| (a, a)))
         .expect("room");
 
-    let kprobe = Registry::<u64>::builder()
-        .capacity(addrs.len())
-        .build()
-        .expect("valid configuration");
-    let entry_only = Fprobe::<u64>::builder()
-        .entry(|e| {
-            black_box(e.addr);
-            EntryAction::Continue
-        })
-        .build();
-    kprobe.register(entry_only, &addrs).expect("room");
-    let kprobe_cached = Registry::<u64>::builder()
-        .capacity(addrs.len())
-        .hit_cache(HitCacheConfig::new().adaptive(false))
-        .build()
-        .expect("valid configuration");
-    let entry_only = Fprobe::<u64>::builder()
-        .entry(|e| {
-            black_box(e.addr);
-            EntryAction::Continue
-        })
-        .build();
-    kprobe_cached.register(entry_only, &addrs).expect("room");
+    // One probe with an entry handler on every address, without and with a
+    // hit cache kept on in front of the registry's index.
+    let kprobe_registry = |cache: Option<HitCacheConfig>| {
+        let b = Registry::<u64>::builder().capacity(addrs.len());
+        let b = match cache {
+            Some(c) => b.hit_cache(c),
+            None => b,
+        };
+        let reg = b.build().expect("valid configuration");
+        let entry_only = Fprobe::<u64>::builder()
+            .entry(|e| {
+                black_box(e.addr);
+                EntryAction::Continue
+            })
+            .build();
+        reg.register(entry_only, &addrs).expect("room");
+        reg
+    };
+    let kprobe = kprobe_registry(None);
+    let kprobe_cached = kprobe_registry(Some(HitCacheConfig::new().adaptive(false)));
 
     let kretprobe = Registry::<u64>::builder()
         .capacity(addrs.len())
