@@ -42,9 +42,12 @@
 //! not in the processor's caches (large tables, chained tables, a caller
 //! whose own work evicts them), skewed traces (a few addresses take most
 //! lookups), and answers a caller can hold inline (a hit then skips the
-//! read-side section as well). With the default switch it costs little
-//! where it does not pay (below). `BENCHMARKS.md`, section "Recent-hit
-//! cache", has the traces measured.
+//! read-side section as well). Where it does not pay, the default switch
+//! turns it off (below), but an index whose cache is off still looks up
+//! slower than one without a cache (timed: by a tenth to a fifth, for one
+//! load of the switch's bound and one compare per lookup): build an index
+//! with a cache only where the trace is known to be skewed.
+//! `BENCHMARKS.md`, section "Recent-hit cache", has the traces measured.
 //!
 //! # Why it can help
 //!
