@@ -6,7 +6,7 @@
 //! in one place (the pattern of tokio's `src/loom/mod.rs` and crossbeam's
 //! `primitive` module).
 //!
-//! Three build flavours:
+//! Four build flavours:
 //!
 //! * normal builds: `std` atomics; the RCU read side uses a compiler fence
 //!   and the writer side the process-wide barrier where the system offers

@@ -661,9 +661,9 @@ fn through_set<R: Copy>(
 }
 
 /// [`through_set`]'s miss: the lookup behind the cache, then the fill.
-/// Inline: out of line, the call cost the misses most of the memory-level
-/// parallelism the lookup behind the cache has (a uniform trace over
-/// 1,000,000 addresses ran 4× slower than inline).
+/// Inline: out of line, the call costs the misses most of the memory-level
+/// parallelism the lookup behind the cache has (consecutive misses no
+/// longer overlap their memory accesses).
 #[inline(always)]
 fn fill<R: Copy>(
     generation: &impl Generation,

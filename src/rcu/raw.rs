@@ -179,7 +179,7 @@ impl ReaderRecord {
         // ordered after this thread's *previous* sections; C++20 release
         // sequences no longer extend over later plain stores of the same
         // thread, so the exit store's Release alone would not carry that
-        // edge (miri reported the race).
+        // edge (a model checker that follows C++20 reports the race).
         self.ctr.store(word, Ordering::Release);
         order_section(word);
     }

@@ -30,9 +30,9 @@
 //! lock (the index-wide counts are their sums; a shared record's bytes are
 //! counted once, index-wide, by whoever builds or frees it), and a stripe reserves slot
 //! claims in the newest table several at a time (claim credits,
-//! `insert_group_at`). Two threads registering one by one had been
-//! 2.5× slower in total than one thread, mostly on a claim count and an
-//! address count that every insert wrote (BENCHMARKS.md). The exception is
+//! `insert_group_at`): a count that every insert wrote would bounce one
+//! line between the registering threads, making two of them slower in
+//! total than one. The exception is
 //! `max_addresses`: a limit needs one count that a check-and-add updates
 //! atomically, so an index with a limit keeps one.
 //!

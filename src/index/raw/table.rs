@@ -76,15 +76,13 @@ pub(crate) fn is_live(rec: *mut Header) -> bool {
 ///
 /// Why the second multiply: the fold alone is a nearly linear map of the
 /// key, and for some multipliers it maps an arithmetic sequence of
-/// addresses onto a few runs of slots. In a linear-probing simulation of
-/// the address sets of `tests/index.rs` over 600 seeds (BENCHMARKS.md), the
-/// fold alone, indexed by its low bits, gave a mean probe length of up to
-/// 175 for 20,000 addresses spaced 2^20 apart and up to 11.7 for
-/// page-aligned ones (random addresses: 0.32), and 9% of seeds failed that
-/// test's 2× bound. With the second multiply and the top bits (the top bits
-/// of a product depend on every bit of its input) every set stays within
-/// 0.18–0.32 for every seed, as good as a second full fold and one
-/// instruction shorter.
+/// addresses onto a few runs of slots: indexed by its low bits, addresses
+/// spaced by a large power of two, or page-aligned ones, pile up in long
+/// probe sequences for some seeds (the probe-length tests of
+/// `tests/index.rs` catch it). With the second multiply and the top bits
+/// (the top bits of a product depend on every bit of its input) those sets
+/// probe as random addresses do, as with a second full fold, in one
+/// instruction less.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Hasher {
     seed: u64,
@@ -284,11 +282,9 @@ impl Table {
     /// keys at the loads the table keeps), so the one branch that remains is
     /// predictable. A loop that stops at a data-dependent slot mispredicts
     /// whenever consecutive lookups' keys sit at different distances from
-    /// home: `scripts/cachegrind-lookup.sh` counts 0.12 simulated
-    /// mispredicts per lookup against 0.30–0.36 for the loop, and an
-    /// interleaved A/B of `if k0 == key { .. } else if k1 == key { .. }`
-    /// (which the compiler turns into two branches) ran 0.62–0.71× as fast
-    /// at 1,000 uniform addresses (BENCHMARKS.md).
+    /// home, and so does `if k0 == key { .. } else if k1 == key { .. }`,
+    /// which the compiler turns into two branches (`scripts/cachegrind-lookup.sh`
+    /// counts the simulated mispredictions per lookup).
     #[inline(always)]
     pub(crate) fn lookup(&self, key: u64) -> *mut Header {
         if key == 0 {
@@ -339,7 +335,7 @@ impl Table {
         // picked difference is 0 exactly when either key matches, and then
         // the picked record is the matching slot's. Picking on `d0 <= d1`
         // rather than on `k0 == key` matters: with that condition (and the
-        // picked key compared to `key`) rustc 1.95 turns the pick into a
+        // picked key compared to `key`) the compiler turns the pick into a
         // data-dependent branch again; this form compiles to `cmp`, two
         // `cmov`s and one predictable branch (checked in the disassembly;
         // `std::hint::select_unpredictable` would say it outright, but needs
