@@ -2,7 +2,7 @@
 # loom model checks of the RCU grace-period protocol, the index's slot
 # migration, the hit cache's never-stale protocol and the objpool, bounded.
 # Then the canary: the same models built with `--cfg fprobe_canary` (the
-# RCU read-side fences removed, the hit cache's generation loaded after the
+# RCU read-side fences removed, the hit cache's sequence loaded after the
 # index lookup, the object pool's magazine handshake without its fences)
 # must FAIL, proving loom still catches a broken protocol.
 #

@@ -8,8 +8,9 @@
 //!   grace periods, deferred reclamation.
 //! * [`AddrIndex`] ([`index`]) — the address index: a multi-value concurrent
 //!   hash table with lock-free, store-free lookups and online resize.
-//! * [`cache`] — an opt-in per-thread recent-hit cache, built into the index or
-//!   standing in front of any other lookup ([`HitCache`]).
+//! * [`cache`] — an opt-in per-thread or per-CPU recent-hit cache that
+//!   composes in front of an index ([`AddrIndexBuilder::hit_cache`]) or of
+//!   any other lookup ([`HitCache`]).
 //! * [`ObjPool`] ([`objpool`]) — a fixed-capacity object pool with per-thread
 //!   magazines in front of a lock-free depot, and [`retinst`] — per-thread return-instance stacks that reuse
 //!   finished instances without atomics.
@@ -54,6 +55,29 @@
 //!
 //! Measurements: `BENCHMARKS.md`. Design invariants and memory-ordering
 //! arguments are in each module's documentation.
+//!
+//! # Glossary
+//!
+//! One name per concept, across the crate:
+//!
+//! | name | what it is | where |
+//! |---|---|---|
+//! | read-side section, guard | the span in which a thread may read RCU-protected memory; a [`rcu::ReadGuard`] holds one | [`rcu`] |
+//! | grace period | the wait, in `synchronize`, until every section that began before it has ended | [`rcu`] |
+//! | RCU epoch | the domain's counter that readers copy into their record at a section's start, and a grace period advances | `rcu/raw.rs` |
+//! | nesting word | a thread's RCU record word: the epoch its outermost section began in, its sections' nesting count and the dispatch bit | `rcu/raw.rs` |
+//! | dispatch section | the section of an outermost probe dispatch, marked by the dispatch bit; also recursion level 0 | [`probe::DispatchSection`] |
+//! | context | a thread's one thread-local block of the hot path: its RCU record, its cached registry and hit-cache states, the recursion levels | `context.rs` |
+//! | thread serial | a number unique to a thread's lifetime, never reused, that owns its per-thread values | `per_thread.rs` |
+//! | write sequence | a table's count of writes, advanced after each publish or unlink; a hit-cache entry keeps the number it was filled at | [`cache`], `index/raw` |
+//! | table count | how many tables an index has made; it seeds each new table's hash | `index/raw` |
+//! | attachment | one index value of a registry: a probe at one address, by slot, slot generation and cookie | `probe/registry.rs` |
+//! | slot generation | the number of a probe slot's registrations; a frame or attachment that names an older one names an unregistered probe | `probe/registry.rs` |
+//! | pairing epoch | a registry's count of pairing resets ([`probe::Registry::reset_pairing`]); a thread's stack of an older one is emptied at its next dispatch | `probe/shadow.rs` |
+//! | frame, return entry, bare call | what an entry keeps on the thread's shadow stack for its exit: one return entry per probe with an exit handler; a call that keeps none counts in the bare word | `probe/shadow.rs` |
+//! | return instance | a standalone, pooled record of one pending return, for engines that keep their own return stacks | [`retinst`] |
+//! | magazine, depot | a thread's private stack of free objects, and the shared lock-free stack behind all of them | [`objpool`] |
+//! | trial, trial number | a hit cache's timed comparison of lookups with and without it, and the count of trials started, which tells a stale decision | `cache/rearm.rs` |
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 

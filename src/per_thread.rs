@@ -5,17 +5,17 @@
 //! # Design
 //!
 //! * Every thread that asks gets a small **thread index**, the lowest one
-//!   free, from a process-wide allocator, and a **thread generation**, a
+//!   free, from a process-wide allocator, and a **thread serial**, a
 //!   64-bit number never handed out twice. The index goes back to the
-//!   allocator when the thread exits; the generation dies with the thread.
+//!   allocator when the thread exits; the serial dies with the thread.
 //! * A `PerThread<T>` holds buckets of entries: bucket `b` holds `2^b`
 //!   entries, for the indices `2^b - 1 ..= 2^(b+1) - 2`, so the entries of
 //!   the first threads sit in small buckets and no entry ever moves.
 //!   Buckets are allocated on first use and freed with the `PerThread`.
 //! * An entry holds a `T` once one was made for its index, and the
-//!   generation of the thread that owns it now. A lookup is one
-//!   thread-local load (index and generation), one bucket load and one
-//!   compare of the entry's owner with the caller's generation.
+//!   serial of the thread that owns it now. A lookup is one
+//!   thread-local load (index and serial), one bucket load and one
+//!   compare of the entry's owner with the caller's serial.
 //! * A thread whose index was used before finds the entry owned by an
 //!   exited thread; it *adopts* the value (the caller's `adopt` resets what
 //!   only the owner uses, counters stay) and becomes its owner. So the
@@ -27,7 +27,7 @@
 //!
 //! * An entry's value is initialised once its `owner` is non-zero, and
 //!   stays initialised until the `PerThread` drops.
-//! * Only the thread whose generation is in `owner` uses the value's
+//! * Only the thread whose serial is in `owner` uses the value's
 //!   owner-only parts. Ownership passes from an exited thread to the next
 //!   thread given the same index; the index allocator's mutex orders the
 //!   old owner's last use before the new owner's adoption.
@@ -50,9 +50,9 @@ use crate::sync::{Ordering, compiler_fence};
 /// Buckets per `PerThread`: indices up to `2^BUCKETS - 2`.
 const BUCKETS: usize = 32;
 
-/// The generation of a thread that has none yet.
+/// The serial of a thread that has none yet.
 const NONE: u64 = 0;
-/// The generation of a thread whose thread-locals are being destroyed.
+/// The serial of a thread whose thread-locals are being destroyed.
 const EXITED: u64 = u64::MAX;
 
 /// Thread indices: the lowest free one is handed out first.
@@ -66,10 +66,10 @@ static INDICES: Mutex<Indices> = Mutex::new(Indices {
     next: 0,
 });
 
-static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
+static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 
 std::thread_local! {
-    /// This thread's index, as its (bucket, offset), and generation;
+    /// This thread's index, as its (bucket, offset), and serial;
     /// `NONE` until the first `get_or`, `EXITED` once its index went back
     /// (const-initialised, no destructor: readable at every point of the
     /// thread's life, signal handlers too).
@@ -141,7 +141,7 @@ struct Release;
 
 impl Drop for Release {
     fn drop(&mut self) {
-        let (bucket, offset, generation) = ID.get();
+        let (bucket, offset, serial) = ID.get();
         // Exited first, then the cache cleared: a signal handler that runs
         // in between finds no index (its lookups miss and remember
         // nothing), so no cached value of the index given back below
@@ -153,7 +153,7 @@ impl Drop for Release {
         // The registry cache of the thread's context too (clearing the key
         // only makes lookups miss: `crate::context` invariants).
         crate::context::context().registry_key.set(0);
-        if generation != NONE && generation != EXITED {
+        if serial != NONE && serial != EXITED {
             lock(&INDICES)
                 .free
                 .push(Reverse((1 << bucket) + offset - 1));
@@ -165,7 +165,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// This thread's (bucket, offset, generation), allocating them on first
+/// This thread's (bucket, offset, serial), allocating them on first
 /// use; `None` while its thread-locals are being destroyed.
 #[cold]
 fn register_thread() -> Option<(usize, usize, u64)> {
@@ -189,10 +189,10 @@ fn register_thread() -> Option<(usize, usize, u64)> {
             }
         }
     };
-    let generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
+    let serial = NEXT_SERIAL.fetch_add(1, Ordering::Relaxed);
     let (bucket, offset) = locate(index);
-    ID.set((bucket, offset, generation));
-    Some((bucket, offset, generation))
+    ID.set((bucket, offset, serial));
+    Some((bucket, offset, serial))
 }
 
 /// Bucket and offset of thread index `index`.
@@ -207,7 +207,7 @@ fn locate(index: usize) -> (usize, usize) {
 /// neighbouring entries write their values on every use.
 #[repr(align(128))]
 struct Entry<T> {
-    /// Generation of the owning thread; `NONE` while `value` is
+    /// Serial of the owning thread; `NONE` while `value` is
     /// uninitialised. Invariant: stored only by the thread it names, with
     /// `Release` after initialising or adopting the value.
     owner: AtomicU64,
@@ -308,11 +308,11 @@ impl<T, const SLOT: usize> PerThread<T, SLOT> {
     /// the thread-local cache. Async-signal-safe.
     #[inline]
     pub(crate) fn find(&self) -> Option<&T> {
-        let (bucket, offset, generation) = ID.get();
+        let (bucket, offset, serial) = ID.get();
         let e = self.entry(bucket, offset)?;
-        // Relaxed: only this thread stores its own generation; a match means
+        // Relaxed: only this thread stores its own serial; a match means
         // this thread initialised or adopted the value itself.
-        if e.owner.load(Ordering::Relaxed) != generation || generation == NONE {
+        if e.owner.load(Ordering::Relaxed) != serial || serial == NONE {
             return None;
         }
         // SAFETY: owned by this thread, so initialised (invariant of
@@ -357,7 +357,7 @@ impl<T, const SLOT: usize> PerThread<T, SLOT> {
         if let Some(v) = self.find() {
             return Some(v);
         }
-        let (bucket, offset, generation) = register_thread()?;
+        let (bucket, offset, serial) = register_thread()?;
         let slot = &self.buckets[bucket];
         // Acquire: as in `entry`.
         let mut p = slot.load(Ordering::Acquire);
@@ -402,7 +402,7 @@ impl<T, const SLOT: usize> PerThread<T, SLOT> {
         }
         // Release: pairs with the Acquire owner loads in `iter`; the value
         // is initialised.
-        e.owner.store(generation, Ordering::Release);
+        e.owner.store(serial, Ordering::Release);
         // SAFETY: initialised just now or before.
         Some(unsafe { (*e.value.get()).assume_init_ref() })
     }
@@ -412,7 +412,7 @@ impl<T, const SLOT: usize> PerThread<T, SLOT> {
         self.iter_owned().map(|(v, _)| v)
     }
 
-    /// Every value made so far, with its owner's generation.
+    /// Every value made so far, with its owner's serial.
     fn iter_owned(&self) -> impl Iterator<Item = (&T, u64)> {
         (0..BUCKETS).flat_map(move |b| {
             // Acquire: as in `entry`.

@@ -67,21 +67,21 @@
 //! retiring the old record (migration does not change records, so it does
 //! not advance it); a standalone cache's user advances it with
 //! [`HitCache::invalidate`] after each change. In the code the sequence
-//! number an entry was filled at is its `generation`.
+//! number an entry was filled at is its `filled`.
 //!
-//! Each entry stores `(address, record or null, generation at fill)`.
+//! Each entry stores `(address, record or null, sequence number at fill)`.
 //!
-//! * **Hit** when the entry's address matches and its generation equals the
-//!   current one (loaded with `Acquire` at the start of the lookup). No
+//! * **Hit** when the entry's address matches and its sequence number equals
+//!   the current one (loaded with `Acquire` at the start of the lookup). No
 //!   write happened since the entry was filled, so its record is still the
 //!   address's current record (or the address still has none).
-//! * **Fill** on a miss: load the generation *first*, then look the address
-//!   up in the index, then store the entry with that generation. A write
-//!   racing with the fill has bumped the generation by the time it returns,
+//! * **Fill** on a miss: load the sequence number *first*, then look the address
+//!   up in the index, then store the entry with that number. A write
+//!   racing with the fill has advanced the sequence by the time it returns,
 //!   so the entry can never be used after that write completed.
 //!
 //! Once `remove` returns, its bump happens-before any lookup that begins
-//! afterwards, which therefore loads a newer generation and misses: exactly
+//! afterwards, which therefore loads a newer sequence number and misses: exactly
 //! the uncached guarantee. A cached record is alive for as long as the read
 //! guard: the writer retires the old record after the bump, and a read
 //! section that starts after the retire sees the bump (RCU's guarantee for
@@ -90,7 +90,7 @@
 //!
 //! The loom model at the end of this module runs the cache's own fill/hit
 //! step (`through_set`) against a writer in every interleaving, and its
-//! canary build (generation loaded after the index lookup) is caught
+//! canary build (sequence loaded after the index lookup) is caught
 //! returning a replaced record; `tests/hit_cache.rs` stresses the real
 //! cache under concurrent writers.
 //!
@@ -142,8 +142,8 @@
 //! trial; [`HitCacheConfig::adaptive`]`(false)` keeps it on for good.
 //!
 //! A trial is 7,168 lookups of one thread, 4,096 of them through the
-//! cache. One switch per cache, not per thread: the first trial of an
-//! epoch to finish decides for all.
+//! cache. One switch per cache, not per thread: the first thread to
+//! finish its schedule of a trial decides for all.
 //!
 //! # Signal handlers
 //!
@@ -181,7 +181,7 @@
 //! another thread of the same CPU or migrate mid-lookup, so shared entries
 //! are seqlock-validated atomics: a reader skips an entry a fill is writing
 //! (never uses a torn one), and a fill takes the entry's seqlock with one
-//! compare-exchange and gives up if another thread holds it. The generation
+//! compare-exchange and gives up if another thread holds it. The sequence
 //! protocol above is unchanged. A loom model runs the shared-set step with
 //! two threads filling one set while a writer replaces the record.
 //!
@@ -368,7 +368,7 @@ struct Entry<A = u64> {
     addr: u64,
     /// Write sequence number at fill; `u64::MAX` marks an empty entry (the
     /// sequence never reaches it).
-    generation: u64,
+    filled: u64,
     answer: A,
 }
 
@@ -383,7 +383,7 @@ fn empty<A: Answer>(set: usize, shift: u32) -> Entry<A> {
         .expect("a cache has at least two sets");
     Entry {
         addr,
-        generation: u64::MAX,
+        filled: u64::MAX,
         answer: A::EMPTY,
     }
 }
@@ -414,7 +414,7 @@ pub trait Answer: Copy + sealed::Sealed {
     /// The atomic a per-CPU entry stores the answer in.
     #[doc(hidden)]
     type Shared: sealed::SharedAnswer<Self>;
-    /// What an empty entry holds (never returned: its generation matches
+    /// What an empty entry holds (never returned: its sequence number matches
     /// no lookup).
     #[doc(hidden)]
     const EMPTY: Self;
@@ -571,22 +571,22 @@ impl Answer for Span {
     };
 }
 
-/// The index's write generation: the two operations of the protocol
+/// The index's write sequence: the two operations of the protocol
 /// (module docs). A trait so the loom model in this module runs the same
 /// [`through_set`] with loom's atomic.
-pub(crate) trait Generation {
-    /// Reader: the generation a lookup runs under.
+pub(crate) trait SequenceWord {
+    /// Reader: the sequence number a lookup runs under.
     fn current(&self) -> u64;
     /// Writer: after publishing or unlinking a record, before retiring the
     /// old one.
     fn advance(&self);
 }
 
-impl Generation for AtomicU64 {
+impl SequenceWord for AtomicU64 {
     #[inline(always)]
     fn current(&self) -> u64 {
         // Acquire: pairs with the Release in `advance`; a reader that sees
-        // the new generation sees the publish (module docs).
+        // the new number sees the publish (module docs).
         self.load(Ordering::Acquire)
     }
 
@@ -598,7 +598,7 @@ impl Generation for AtomicU64 {
 }
 
 #[cfg(loom)]
-impl Generation for crate::sync::AtomicU64 {
+impl SequenceWord for crate::sync::AtomicU64 {
     fn current(&self) -> u64 {
         // Acquire: as for the std atomic above.
         self.load(Ordering::Acquire)
@@ -610,33 +610,33 @@ impl Generation for crate::sync::AtomicU64 {
     }
 }
 
-/// The generation a fill stores: `now`, loaded before the index lookup.
+/// The sequence number a fill stores: `now`, loaded before the index lookup.
 /// The deliberately broken build (`--cfg fprobe_canary`) loads it after the
 /// lookup instead, which both loom models must catch.
 #[inline(always)]
-fn fill_generation(generation: &impl Generation, now: u64) -> u64 {
+fn fill_number(sequence: &impl SequenceWord, now: u64) -> u64 {
     if cfg!(fprobe_canary) {
-        generation.current()
+        sequence.current()
     } else {
         now
     }
 }
 
 /// One lookup through one set of a thread's cache: the entry for `addr`
-/// if it was filled at the current generation, else `miss()` (the index
+/// if it was filled at the current sequence number, else `miss()` (the index
 /// lookup) and a fill of way `victim()`. Returns the answer and whether it
-/// was a hit. The generation is loaded *before* the index lookup: a write
+/// was a hit. The sequence is loaded *before* the index lookup: a write
 /// racing with the fill has advanced it by the time it completes, so the
 /// entry is never used after that write (module docs).
 #[inline(always)]
 fn through_set<R: Copy>(
-    generation: &impl Generation,
+    sequence: &impl SequenceWord,
     set: &[Cell<Entry<R>>],
     victim: impl FnOnce() -> usize,
     addr: u64,
     miss: impl FnOnce() -> R,
 ) -> (R, bool) {
-    let now = generation.current();
+    let now = sequence.current();
     // The way holding `addr` (a set holds an address at most once: `fill`
     // and `empty`), found without a branch per way (the compiler makes the
     // select a conditional move): which way holds a hot address is as good
@@ -653,11 +653,11 @@ fn through_set<R: Copy>(
     if let Some(e) = set.get(way) {
         // SAFETY: as above.
         let e = unsafe { &*e.as_ptr() };
-        if e.generation == now {
+        if e.filled == now {
             return (e.answer, true);
         }
     }
-    fill(generation, set, victim, now, addr, miss)
+    fill(sequence, set, victim, now, addr, miss)
 }
 
 /// [`through_set`]'s miss: the lookup behind the cache, then the fill.
@@ -666,7 +666,7 @@ fn through_set<R: Copy>(
 /// longer overlap their memory accesses).
 #[inline(always)]
 fn fill<R: Copy>(
-    generation: &impl Generation,
+    sequence: &impl SequenceWord,
     set: &[Cell<Entry<R>>],
     victim: impl FnOnce() -> usize,
     now: u64,
@@ -674,7 +674,7 @@ fn fill<R: Copy>(
     miss: impl FnOnce() -> R,
 ) -> (R, bool) {
     let answer = miss();
-    let filled_at = fill_generation(generation, now);
+    let filled_at = fill_number(sequence, now);
     // The way that holds `addr` already (filled at an older sequence
     // number), else the victim: a set never holds an address twice, so the
     // scan's one match is the only candidate.
@@ -684,7 +684,7 @@ fn fill<R: Copy>(
         .unwrap_or_else(|| victim() & (set.len() - 1));
     set[way].set(Entry {
         addr,
-        generation: filled_at,
+        filled: filled_at,
         answer,
     });
     (answer, false)
@@ -698,8 +698,8 @@ struct SharedEntry<A: Answer> {
     seq: crate::sync::AtomicU64,
     addr: crate::sync::AtomicU64,
     answer: A::Shared,
-    /// Generation at fill; `u64::MAX` when empty.
-    generation: crate::sync::AtomicU64,
+    /// Sequence number at fill; `u64::MAX` when empty.
+    filled: crate::sync::AtomicU64,
 }
 
 impl<A: Answer> SharedEntry<A> {
@@ -708,7 +708,7 @@ impl<A: Answer> SharedEntry<A> {
             seq: crate::sync::AtomicU64::new(0),
             addr: crate::sync::AtomicU64::new(0),
             answer: sealed::SharedAnswer::new(A::EMPTY),
-            generation: crate::sync::AtomicU64::new(u64::MAX),
+            filled: crate::sync::AtomicU64::new(u64::MAX),
         }
     }
 }
@@ -716,17 +716,17 @@ impl<A: Answer> SharedEntry<A> {
 /// [`through_set`] for a set of a per-CPU cache. A reader validates each
 /// entry with its seqlock (a torn entry is skipped, never used); a fill
 /// takes the entry's seqlock with a compare-exchange and skips the fill if
-/// another thread holds it. The generation protocol is the per-thread one:
+/// another thread holds it. The sequence protocol is the per-thread one:
 /// loaded before the index lookup, stored with the entry.
 #[inline(always)]
 fn through_shared_set<A: Answer>(
-    generation: &impl Generation,
+    sequence: &impl SequenceWord,
     set: &[SharedEntry<A>],
     victim: impl FnOnce() -> usize,
     addr: u64,
     miss: impl FnOnce() -> A,
 ) -> (A, bool) {
-    let now = generation.current();
+    let now = sequence.current();
     for e in set {
         // Acquire: pairs with the Release store that ended the fill; the
         // fields below are at least that fill's.
@@ -736,7 +736,7 @@ fn through_shared_set<A: Answer>(
         }
         let a = e.addr.load(Ordering::Relaxed);
         let r = sealed::SharedAnswer::load_relaxed(&e.answer);
-        let g = e.generation.load(Ordering::Relaxed);
+        let g = e.filled.load(Ordering::Relaxed);
         // Acquire fence: if a load above read a store of a later fill, that
         // fill's Release fence synchronises with this one, so its odd `seq`
         // is visible to the re-check and the entry is rejected.
@@ -749,7 +749,7 @@ fn through_shared_set<A: Answer>(
         }
     }
     let answer = miss();
-    let filled_at = fill_generation(generation, now);
+    let filled_at = fill_number(sequence, now);
     let e = &set[victim() & (set.len() - 1)];
     let s = e.seq.load(Ordering::Relaxed);
     // Acquire: the field stores below stay after the lock.
@@ -762,7 +762,7 @@ fn through_shared_set<A: Answer>(
         fence(Ordering::Release);
         e.addr.store(addr, Ordering::Relaxed);
         sealed::SharedAnswer::store_relaxed(&e.answer, answer);
-        e.generation.store(filled_at, Ordering::Relaxed);
+        e.filled.store(filled_at, Ordering::Relaxed);
         // Release: pairs with the readers' Acquire `seq` load.
         e.seq.store(s + 2, Ordering::Release);
     }
@@ -842,8 +842,8 @@ struct ThreadCache<A> {
     /// Lookups through the cache that filled an entry.
     misses: AtomicU64,
     victim: Cell<usize>,
-    /// The trial epoch this thread's schedule runs in.
-    epoch: Cell<u32>,
+    /// The trial this thread's schedule runs in (its number).
+    trial: Cell<u32>,
     /// The schedule's step: 0 the warm-up, 1..=6 the timed windows of
     /// [`TRIAL`], 7 done (waiting for the trial's decision).
     step: Cell<u8>,
@@ -1224,10 +1224,10 @@ impl<A: Answer> HitCache<A> {
     /// thread's schedule says, ending the step (and deciding the trial)
     /// when its lookups are done.
     fn trial_lookup(&self, local: &ThreadCache<A>, addr: u64, miss: impl FnOnce() -> A) -> A {
-        let epoch = self.arm.epoch();
-        if local.epoch.get() != epoch {
+        let trial = self.arm.trial();
+        if local.trial.get() != trial {
             // A new trial: start its schedule from the warm-up.
-            local.epoch.set(epoch);
+            local.trial.set(trial);
             local.begin(0);
         }
         let step = local.step.get();
@@ -1241,7 +1241,7 @@ impl<A: Answer> HitCache<A> {
             let left = local.left.get() - 1;
             local.left.set(left);
             if left == 0 {
-                self.next_step(local, epoch);
+                self.next_step(local, trial);
             }
         }
         answer
@@ -1249,7 +1249,7 @@ impl<A: Answer> HitCache<A> {
 
     /// Ends a step of the trial: records a window's time, starts the next
     /// step, and after the last window decides.
-    fn next_step(&self, local: &ThreadCache<A>, epoch: u32) {
+    fn next_step(&self, local: &ThreadCache<A>, trial: u32) {
         let now = ticks();
         let step = local.step.get();
         if step >= 1 {
@@ -1261,7 +1261,7 @@ impl<A: Answer> HitCache<A> {
         }
         local.step.set(TRIAL.len() as u8 + 1);
         bump(&local.trials);
-        self.arm.decide(epoch, local.cache_pays());
+        self.arm.decide(trial, local.cache_pays());
     }
 
     /// Creates this thread's state, or takes over the one an exited thread
@@ -1288,8 +1288,8 @@ impl<A: Answer> HitCache<A> {
                 hits: AtomicU64::new(0),
                 misses: AtomicU64::new(0),
                 victim: Cell::new(0),
-                // No trial has epoch `u32::MAX` before 4 Gi trials.
-                epoch: Cell::new(u32::MAX),
+                // No trial has number `u32::MAX` before 4 Gi trials.
+                trial: Cell::new(u32::MAX),
                 step: Cell::new(0),
                 left: Cell::new(WARM_UP),
                 started: Cell::new(0),
@@ -1395,8 +1395,8 @@ mod loom_tests {
     //! pointer stood for by a version number; reclamation is the RCU's and
     //! is modelled in `rcu::raw`). The stand-in index publishes records
     //! with Release stores and loads them with Acquire, as the real index's
-    //! slots do; the generation is the `Generation` impl above.
-    //! `scripts/loom.sh` runs it, and its canary build (generation loaded
+    //! slots do; the sequence is the `SequenceWord` impl above.
+    //! `scripts/loom.sh` runs it, and its canary build (sequence loaded
     //! after the index lookup) must fail it.
     //!
     //! `RUSTFLAGS="--cfg loom" cargo test -p fprobe --release --lib loom`
@@ -1406,17 +1406,17 @@ mod loom_tests {
     use loom::sync::Arc;
     use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-    use super::{Entry, Generation, SharedEntry, through_set, through_shared_set};
+    use super::{Entry, SequenceWord, SharedEntry, through_set, through_shared_set};
 
     #[test]
     fn loom_hit_cache_never_returns_a_record_replaced_before_the_lookup() {
         loom::model(|| {
-            let generation = Arc::new(AtomicU64::new(0));
+            let sequence = Arc::new(AtomicU64::new(0));
             // The address's current record: version 1, then 2.
             let record = Arc::new(AtomicUsize::new(1));
             let returned = Arc::new(AtomicBool::new(false));
             let writer = {
-                let (g, r, done) = (generation.clone(), record.clone(), returned.clone());
+                let (g, r, done) = (sequence.clone(), record.clone(), returned.clone());
                 loom::thread::spawn(move || {
                     // The index's write order: publish, advance, (retire).
                     r.store(2, Ordering::Release);
@@ -1429,16 +1429,16 @@ mod loom_tests {
                 let empty = Entry {
                     addr: 0,
                     answer: 0usize,
-                    generation: u64::MAX,
+                    filled: u64::MAX,
                 };
                 let set = [Cell::new(empty), Cell::new(empty)];
                 let index = || record.load(Ordering::Acquire);
-                let (first, hit) = through_set(&*generation, &set, || 0, 7, index);
+                let (first, hit) = through_set(&*sequence, &set, || 0, 7, index);
                 assert!(!hit && (first == 1 || first == 2));
                 // A lookup that begins after the write returned must not
                 // be answered with the replaced record.
                 if returned.load(Ordering::Acquire) {
-                    let (second, _) = through_set(&*generation, &set, || 1, 7, index);
+                    let (second, _) = through_set(&*sequence, &set, || 1, 7, index);
                     assert_eq!(
                         second, 2,
                         "hit cache returned a record replaced before the lookup began"
@@ -1461,12 +1461,12 @@ mod loom_tests {
             let v1 = Box::into_raw(Box::new(1u32));
             let v2 = Box::into_raw(Box::new(2u32));
             let (p1, p2) = (v1 as usize, v2 as usize);
-            let generation = Arc::new(AtomicU64::new(0));
+            let sequence = Arc::new(AtomicU64::new(0));
             let record = Arc::new(loom::sync::atomic::AtomicPtr::new(v1));
             let returned = Arc::new(AtomicBool::new(false));
             let set = Arc::new([SharedEntry::empty(), SharedEntry::empty()]);
             let writer = {
-                let (g, r, done) = (generation.clone(), record.clone(), returned.clone());
+                let (g, r, done) = (sequence.clone(), record.clone(), returned.clone());
                 loom::thread::spawn(move || {
                     r.store(v2, Ordering::Release);
                     g.advance();
@@ -1476,7 +1476,7 @@ mod loom_tests {
             let readers: Vec<_> = (0..2)
                 .map(|i| {
                     let (g, r, done, set) = (
-                        generation.clone(),
+                        sequence.clone(),
                         record.clone(),
                         returned.clone(),
                         set.clone(),

@@ -29,9 +29,9 @@
 //!   `Arm`, which the cache and the agent share by reference count: the
 //!   agent never writes memory the cache frees. A dropped cache marks its
 //!   `Arm` closed, and the agent lets it go at its next due time.
-//! * **One decision per trial.** The agent bumps the `Arm`'s epoch as it
-//!   starts a trial; a thread's schedule runs in the epoch it started in,
-//!   and a decision of an older epoch (a thread that was in the middle of
+//! * **One decision per trial.** The agent bumps the `Arm`'s trial number as it
+//!   starts a trial; a thread's schedule runs in the trial it started in,
+//!   and a decision of an older trial (a thread that was in the middle of
 //!   a trial another thread decided) changes nothing.
 //!
 //! After `fork`, the child has no agent until it builds a cache with a
@@ -73,7 +73,7 @@ pub(crate) struct Arm {
     /// The cache's key (below [`TRIAL`]).
     key: u64,
     /// Trials started so far; decisions of older ones are ignored.
-    epoch: AtomicU32,
+    trial: AtomicU32,
     /// On the agent's stack (or held by it) since a decision.
     queued: AtomicBool,
     /// The next `Arm` on the agent's stack.
@@ -97,7 +97,7 @@ impl Arm {
             state: AtomicU64::new(if adaptive { key | TRIAL } else { key }),
             bound: AtomicU64::new(u64::MAX),
             key,
-            epoch: AtomicU32::new(0),
+            trial: AtomicU32::new(0),
             queued: AtomicBool::new(false),
             next: AtomicPtr::new(ptr::null_mut()),
             losses: AtomicU32::new(0),
@@ -105,18 +105,18 @@ impl Arm {
         })
     }
 
-    /// The trial epoch (module docs).
+    /// The number of the trial running or last run (module docs).
     #[inline]
-    pub(crate) fn epoch(&self) -> u32 {
+    pub(crate) fn trial(&self) -> u32 {
         // Relaxed: a hint for a thread's schedule; it orders nothing.
-        self.epoch.load(Ordering::Relaxed)
+        self.trial.load(Ordering::Relaxed)
     }
 
-    /// Ends the trial of `epoch`: the cache goes on (`pays`) or off, and
+    /// Ends the trial numbered `trial`: the cache goes on (`pays`) or off, and
     /// the agent schedules the next trial. Nothing when another thread's
     /// decision ended that trial first. Async-signal-safe.
-    pub(crate) fn decide(self: &Arc<Self>, epoch: u32, pays: bool) {
-        if self.epoch() != epoch {
+    pub(crate) fn decide(self: &Arc<Self>, trial: u32, pays: bool) {
+        if self.trial() != trial {
             return;
         }
         let to = if pays { self.key } else { self.key | OFF };
@@ -243,10 +243,10 @@ fn rearm(arm: &Arm) {
     if arm.closed.load(Ordering::Relaxed) {
         return;
     }
-    // Relaxed: the epoch and the switch are hints (module docs); a thread
-    // that sees the new state before the new epoch runs its schedule in
-    // the old epoch, whose decision is then ignored.
-    arm.epoch.fetch_add(1, Ordering::Relaxed);
+    // Relaxed: the trial number and the switch are hints (module docs); a
+    // thread that sees the new state before the new number runs its
+    // schedule in the old trial, whose decision is then ignored.
+    arm.trial.fetch_add(1, Ordering::Relaxed);
     arm.state.store(arm.key | TRIAL, Ordering::Relaxed);
     arm.bound.store(u64::MAX, Ordering::Relaxed);
 }

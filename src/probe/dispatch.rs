@@ -44,7 +44,7 @@ use std::ptr::NonNull;
 use super::def::{EntryAction, EntryContext, ExitContext};
 use super::ffi::{C_SKIP_EXIT, CEntryContext, CEntryFn, CExitContext, CExitFn, CHandler};
 use super::recursion::{self, Entered};
-use super::registry::{Attach, Registry, state};
+use super::registry::{Attachment, Registry, state};
 use super::shadow::{BOTTOM, HEADER, RETURN_WORDS, ShadowStack, TAKES_RETURN, Words};
 use super::stats::{Counter, CounterView};
 use crate::context::{Context, context};
@@ -98,8 +98,8 @@ fn on_alternate_signal_stack() -> bool {
 /// Counts `which` for the probe of attachment `a` (`counters`: the bank of
 /// the thread's counters this dispatch bumps).
 #[inline(always)]
-fn count(counters: CounterView, a: &Attach, which: Counter) {
-    // SAFETY: `a.slot` is below the registry's slot count (`Attach`
+fn count(counters: CounterView, a: &Attachment, which: Counter) {
+    // SAFETY: `a.slot` is below the registry's slot count (`Attachment`
     // invariant), which every thread's counters are made for; the
     // dispatch holds the thread's state, which owns them, and the bank is
     // its own (outer only for an outermost dispatch).
@@ -465,7 +465,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         &self,
         local: &ShadowStack,
         counters: CounterView,
-        attached: &[Attach],
+        attached: &[Attachment],
         addr: u64,
         ret_addr: u64,
         sp: u64,
@@ -493,14 +493,14 @@ impl<C: Send + Sync + 'static> Registry<C> {
         &self,
         local: &ShadowStack,
         counters: CounterView,
-        a: &Attach,
+        a: &Attachment,
         addr: u64,
         ret_addr: u64,
         sp: u64,
         saved: u64,
         ctx: &C,
     ) -> u64 {
-        // SAFETY: `a.slot` indexes `self.slots` (`Attach` invariant).
+        // SAFETY: `a.slot` indexes `self.slots` (`Attachment` invariant).
         let slot = unsafe { self.slots.get_unchecked(a.slot as usize) };
         // Acquire: as in `entry_frame`.
         let s = slot.state.load(Ordering::Acquire);
@@ -562,7 +562,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         &self,
         local: &ShadowStack,
         counters: CounterView,
-        attached: &[Attach],
+        attached: &[Attachment],
         addr: u64,
         ret_addr: u64,
         sp: u64,
@@ -584,7 +584,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         let (mut used, mut n) = (0usize, 0u64);
         for a in attached {
-            // SAFETY: `a.slot` indexes `self.slots` (`Attach` invariant).
+            // SAFETY: `a.slot` indexes `self.slots` (`Attachment` invariant).
             let slot = unsafe { self.slots.get_unchecked(a.slot as usize) };
             // Acquire: pairs with the Release state store of
             // `register_with_cookies`; the probe's fields are visible.
@@ -976,8 +976,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let (slot_idx, dw) = (meta as u32, (meta >> 32) as usize);
         let data_at = p - 3 - dw;
         debug_assert!((slot_idx as usize) < self.slots.len());
-        // SAFETY: the entry wrote `slot_idx` from an `Attach` (below the
-        // slot count, `Attach` invariant) into a frame nothing else writes
+        // SAFETY: the entry wrote `slot_idx` from an `Attachment` (below the
+        // slot count, `Attachment` invariant) into a frame nothing else writes
         // (shadow.rs: `top` covers every word in use).
         let slot = unsafe { self.slots.get_unchecked(slot_idx as usize) };
         if !slot.holds(generation) {
@@ -1169,7 +1169,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
 /// Writes the return entry of attachment `a` whose data words start at
 /// word `at` (`shadow.rs`: `[data…, cookie, generation, meta]`).
 #[inline(always)]
-fn write_return_entry(w: Words, at: usize, a: &Attach) {
+fn write_return_entry(w: Words, at: usize, a: &Attachment) {
     let dw = a.frame_words as usize - 3;
     w.write(at + dw, a.cookie);
     w.write(at + dw + 1, a.generation);
@@ -1228,7 +1228,7 @@ fn report_panic<C>(local: *const ShadowStack, slot: u32, generation: u64) {
     let slots = unsafe { (*local).slots }.cast::<super::registry::ProbeSlot<C>>();
     // SAFETY: `slots` is the registry's slot array (`ShadowStack`), alive
     // as long as the registry, which the caller borrows; `slot` is below
-    // its length (`Attach` invariant, or a frame's copy of it).
+    // its length (`Attachment` invariant, or a frame's copy of it).
     let s = unsafe { &*slots.add(slot as usize) };
     // SAFETY: the caller is inside the dispatch's section, and the
     // reference lives only in this call.
@@ -1247,7 +1247,7 @@ fn report_panic<C>(local: *const ShadowStack, slot: u32, generation: u64) {
 fn run_entry<C>(
     local: &ShadowStack,
     p: &super::def::Fprobe<C>,
-    a: &Attach,
+    a: &Attachment,
     counters: CounterView,
     addr: u64,
     ret_addr: u64,

@@ -77,7 +77,7 @@ impl ProbeHandle {
 /// length of `Registry::slots` and of every thread's counters; dispatch
 /// indexes both with it unchecked.
 #[derive(Clone, Copy)]
-pub(super) struct Attach {
+pub(super) struct Attachment {
     pub(super) slot: u32,
     /// Words of the probe's return entry on a shadow stack (its data words
     /// plus 3); 0 when it has no exit handler.
@@ -137,10 +137,9 @@ impl<C> ProbeSlot<C> {
     }
 }
 
-/// Registration bookkeeping, under the registry mutex.
 /// Where a registered probe is in the index, to take it out again.
 #[derive(Clone, Default)]
-enum Attached {
+enum Placement {
     #[default]
     Nowhere,
     /// One shared insert: one id at all of the addresses.
@@ -149,9 +148,10 @@ enum Attached {
     Each(Vec<(u64, crate::EntryId)>),
 }
 
+/// Registration bookkeeping, under the registry mutex.
 struct Book<C: 'static> {
     /// Per slot: where the registered probe is in the index.
-    attached: Vec<Attached>,
+    attached: Vec<Placement>,
     free: Vec<u32>,
     /// Per slot: the slot's counter sums when its current probe was
     /// registered. Counters are per slot and never reset (each thread's are
@@ -214,7 +214,7 @@ impl<C> Drop for Parked<C> {
 /// assert_eq!(calls.load(Ordering::Relaxed), 1);
 /// ```
 pub struct Registry<C: 'static> {
-    pub(super) index: AddrIndex<Attach>,
+    pub(super) index: AddrIndex<Attachment>,
     pub(super) slots: Box<[ProbeSlot<C>]>,
     book: Mutex<Book<C>>,
     /// Each thread's shadow stack and counters, freed with the registry.
@@ -376,7 +376,7 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
                 })
                 .collect(),
             book: Mutex::new(Book {
-                attached: vec![Attached::Nowhere; self.max_probes],
+                attached: vec![Placement::Nowhere; self.max_probes],
                 free: (0..self.max_probes as u32).rev().collect(),
                 base: vec![[0; NCOUNTERS + 1]; self.max_probes],
                 dirty: vec![false; self.max_probes],
@@ -419,7 +419,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// Attaches `probe` to every address in `addrs` (cookie 0), all or
     /// nothing.
     ///
-    /// Attached at distinct addresses with one cookie, a probe is one
+    /// Placement at distinct addresses with one cookie, a probe is one
     /// index record for all of them (`AddrIndex::insert_shared`), whose
     /// lookups stay in cache however many addresses the calls spread
     /// over; distinct cookies, or an address given twice (the probe then
@@ -509,11 +509,11 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // Release: pairs with the Acquire state loads of dispatch; a thread
         // that sees this generation sees the probe pointer.
         s.state.store(state(generation, true), Ordering::Release);
-        let items: Vec<(u64, Attach)> = attach
+        let items: Vec<(u64, Attachment)> = attach
             .map(|(addr, cookie)| {
                 (
                     addr,
-                    Attach {
+                    Attachment {
                         slot,
                         frame_words,
                         generation,
@@ -541,13 +541,13 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 let value = items[0].1;
                 self.index
                     .insert_shared(&addrs, value)
-                    .map(|id| Attached::Shared(addrs, id))
+                    .map(|id| Placement::Shared(addrs, id))
                     .map_err(|e| e.error)
             }
             false => self
                 .index
                 .insert_many(items)
-                .map(|ids| Attached::Each(addrs.into_iter().zip(ids).collect()))
+                .map(|ids| Placement::Each(addrs.into_iter().zip(ids).collect()))
                 .map_err(|e| e.error),
         };
         match inserted {
@@ -616,11 +616,11 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         // (2) Out of the index.
         match attached {
-            Attached::Nowhere => {}
-            Attached::Shared(addrs, id) => {
+            Placement::Nowhere => {}
+            Placement::Shared(addrs, id) => {
                 self.index.remove_shared(&addrs, id);
             }
-            Attached::Each(entries) => {
+            Placement::Each(entries) => {
                 for (addr, id) in entries {
                     let _ = self.index.remove(addr, id);
                 }

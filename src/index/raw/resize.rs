@@ -6,7 +6,7 @@
 //! Under the `resize` mutex (lock order: `resize`, then stripes in
 //! ascending order):
 //!
-//! 1. **Attach**: allocate the new table (new size; the same seed for
+//! 1. **Attachment**: allocate the new table (new size; the same seed for
 //!    growth and shrinking, a fresh one for a rehash: `Seed`), then,
 //!    holding every stripe lock, set `root.future`. From then on no writer
 //!    claims a slot in the old table (writers read `future` under their

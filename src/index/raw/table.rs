@@ -654,7 +654,7 @@ mod loom_tests {
             let r1 = rec(1);
             let (slot, _) = t.old.claim_exclusive(KEY);
             slot.rec.store(r1, Ordering::Release);
-            // Attach (single-threaded here, as under every stripe lock).
+            // Attachment (single-threaded here, as under every stripe lock).
             let new_ptr = &*t.new as *const Table as *mut Table;
             t.old.future.store(new_ptr, Ordering::Release);
 
