@@ -15,7 +15,7 @@ pub enum Error {
         /// The function.
         function: u64,
         /// What the object has there.
-        layout: crate::Layout,
+        layout: crate::layout::Layout,
     },
     /// The bytes at the site are not the nops (or this runtime's jumps)
     /// expected: patched by someone else, or not code.

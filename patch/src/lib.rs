@@ -217,6 +217,8 @@ compile_error!("fprobe-patch patches x86-64 code on Linux only");
 
 mod clobber;
 mod error;
+mod layout;
+mod registry;
 mod regs;
 mod runtime;
 mod sites;
@@ -226,10 +228,12 @@ mod tramp;
 mod unwind;
 
 pub use error::Error;
+pub use layout::Layout;
+pub use registry::registry;
 pub use regs::Regs;
 pub use runtime::{
     ArgumentOnlySaves, Attached, RegisterSave, attach, attach_with_cookies, detach,
-    detach_draining, prepare, register_save, registry, set_argument_only_saves,
+    detach_draining, prepare, register_save, set_argument_only_saves,
 };
-pub use sites::{Layout, Site, sites};
+pub use sites::{Site, sites};
 pub use tramp::prepare_thread;

@@ -1,42 +1,22 @@
-//! The process-wide runtime: its registry, the sites it knows, and
-//! attach/detach.
+//! The process-wide runtime: the sites it knows, and attach/detach
+//! through its one registry (`registry.rs`).
 //!
-//! One registry serves every site (the kernel's fprobe shares ftrace the
-//! same way): the trampolines need no table from site to registry, and a
-//! probe layer frame never outlives its registry, which lives as long as
-//! the process. Each known function records how many attached probes
-//! use it; its entry is patched while that count is above zero.
+//! Each known function records how many attached probes use it; its
+//! entry is patched while that count is above zero.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use fprobe::probe::{Fprobe, ProbeHandle, ProbeStats, Registry};
+use fprobe::probe::{Fprobe, ProbeHandle, ProbeStats};
 
-use crate::sites::{self, Layout, Module};
+use crate::error::Error;
+use crate::layout::Layout;
+use crate::registry::registry;
+use crate::regs::Regs;
+use crate::sites::{self, Module};
 use crate::text::{self, ENTRY_JMP, ENTRY_NOPS, PREFIX_NOPS};
-use crate::{Error, Regs, clobber, stubs, tramp};
-
-/// The runtime's registry: every probe [`attach`] registers lives here.
-/// Use it for [`Registry::stats`], [`Registry::enable`] and
-/// [`Registry::disable`] on an [`Attached::handle`]; registering in it
-/// directly attaches nothing (no site is patched for such a probe).
-///
-/// # Examples
-///
-/// ```
-/// assert_eq!(fprobe_patch::registry().addresses(), 0);
-/// ```
-pub fn registry() -> &'static Registry<Regs> {
-    static REGISTRY: OnceLock<Registry<Regs>> = OnceLock::new();
-    REGISTRY.get_or_init(|| {
-        Registry::builder()
-            .max_probes(4096)
-            .max_depth(256)
-            .build()
-            .expect("a valid configuration")
-    })
-}
+use crate::{clobber, stubs, tramp};
 
 /// A probe attached by [`attach`]; give it to [`detach`].
 #[derive(Debug)]
@@ -60,7 +40,7 @@ impl Attached {
         &self.functions
     }
 
-    /// The probe's counts ([`Registry::stats`]).
+    /// The probe's counts ([`Registry::stats`](fprobe::probe::Registry::stats)).
     pub fn stats(&self) -> ProbeStats {
         registry()
             .stats(self.handle)
@@ -521,7 +501,7 @@ pub fn prepare(functions: &[u64]) -> Result<(), Error> {
 
 /// Detaches a probe after draining it: stops its entries, waits up to
 /// `timeout` for the calls in flight on other threads to return through
-/// its exit handler ([`Registry::drain`]), then [`detach`]es it. Returns
+/// its exit handler ([`Registry::drain`](fprobe::probe::Registry::drain)), then [`detach`]es it. Returns
 /// the calls that were still in flight at the timeout (their exits are
 /// skipped): 0 when every call of the probe in flight on another thread
 /// has returned.
@@ -532,7 +512,7 @@ pub fn prepare(functions: &[u64]) -> Result<(), Error> {
 ///
 /// # Panics
 ///
-/// From a handler (as [`Registry::drain`]).
+/// From a handler (as [`Registry::drain`](fprobe::probe::Registry::drain)).
 pub fn detach_draining(a: Attached, timeout: std::time::Duration) -> Result<u64, Error> {
     let left = registry()
         .drain(a.handle, timeout)

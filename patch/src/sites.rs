@@ -8,25 +8,9 @@ use std::sync::Arc;
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
-use crate::Error;
 use crate::clobber::Code;
-
-/// How a function's patchable nops are laid out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
-    /// Five nops before the function and two at it
-    /// (`-fpatchable-function-entry=7,5`): what the runtime patches.
-    HotPatch,
-    /// Another split of one-byte nops, `before` the function and `at` it.
-    Other {
-        /// Nops before the function's address.
-        before: u8,
-        /// Nops at the function's address.
-        at: u8,
-    },
-    /// No function symbol was found near the site (a stripped object).
-    Unknown,
-}
+use crate::error::Error;
+use crate::layout::Layout;
 
 /// A patchable function of a loaded object.
 #[derive(Clone, Debug)]

@@ -62,7 +62,7 @@
 
 use fprobe::probe::KeptReturn;
 
-use crate::Error;
+use crate::error::Error;
 use crate::text::jmp_rel32;
 use crate::unwind::{self, StubLayout};
 

@@ -5,7 +5,7 @@
 
 use std::sync::OnceLock;
 
-use crate::Error;
+use crate::error::Error;
 
 /// The two entry nops.
 pub(crate) const ENTRY_NOPS: [u8; 2] = [0x90, 0x90];

@@ -12,8 +12,8 @@
 //! (`max_depth`): a deeper call runs its entry handlers only, counted in
 //! [`fprobe::probe::Missed::depth`], and returns straight to its caller.
 
-use crate::Regs;
-use crate::runtime;
+use crate::registry::registry;
+use crate::regs::Regs;
 
 /// Creates the calling thread's probe-layer state now, so that no probed
 /// call on it allocates (a thread whose first probed call may come from a
@@ -25,7 +25,7 @@ use crate::runtime;
 /// fprobe_patch::prepare_thread();
 /// ```
 pub fn prepare_thread() {
-    runtime::registry().prepare_thread();
+    registry().prepare_thread();
 }
 
 /// Called by the entry trampoline with the function, the address of its
@@ -41,7 +41,7 @@ extern "C" fn on_entry(function: u64, ret_slot: *const u64, regs: *const Regs, r
     let ret = unsafe { *ret_slot };
     // SAFETY: the trampoline's save area, live for this call.
     let regs = unsafe { &*regs };
-    runtime::registry()
+    registry()
         .on_entry_keeping_return(function, ret, ret_slot as u64, rbx, regs)
         .map_or(0, |k| k.as_ptr() as u64)
 }
@@ -52,7 +52,7 @@ extern "C" fn on_entry(function: u64, ret_slot: *const u64, regs: *const Regs, r
 extern "C" fn on_exit(regs: *const Regs, sp: u64) -> u64 {
     // SAFETY: the trampoline's save area, live for this call.
     let regs = unsafe { &*regs };
-    match runtime::registry().on_return(sp - 8, regs) {
+    match registry().on_return(sp - 8, regs) {
         Some(ret) => ret,
         None => {
             fatal(b"fprobe-patch: a return through the exit trampoline has no return address\n")
