@@ -156,13 +156,15 @@ mod ffi;
 mod panics;
 mod recursion;
 mod registry;
+mod section;
 mod shadow;
 mod stats;
 
 pub use def::{EntryAction, EntryContext, ExitContext, Fprobe, FprobeBuilder};
-pub use dispatch::{DispatchSection, KeptReturn, ignore_current_thread, in_handler};
+pub use dispatch::{KeptReturn, ignore_current_thread, in_handler};
 pub use ffi::{
     C_SKIP_EXIT, CEngineCtx, CEngineRepr, CEntryContext, CEntryFn, CExitContext, CExitFn,
 };
 pub use registry::{MAX_DATA_SIZE, ProbeHandle, Registry, RegistryBuilder};
+pub use section::DispatchSection;
 pub use stats::{Missed, ProbeStats};

@@ -24,6 +24,7 @@
 
 use super::def::Fprobe;
 use super::recursion;
+use super::section::DispatchSection;
 use super::shadow::ShadowStack;
 use super::stats::{NCOUNTERS, ProbeStats, Sums};
 use crate::error::Error;
@@ -763,7 +764,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // handler's dispatch meanwhile then neither forgets the frames nor
         // writes below `top`. Frames of an older pairing epoch are
         // forgotten first (their `Unrun`s before the sum is read).
-        let own = super::DispatchSection::enter().and_then(|_section| {
+        let own = DispatchSection::enter().and_then(|_section| {
             let local = self.local_outermost(crate::context::context())?;
             let mut own = 0;
             local.each_return_entry(super::shadow::BOTTOM, |slot, generation| {
