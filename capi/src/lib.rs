@@ -61,7 +61,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use fprobe::Error;
 use fprobe::probe::{
-    C_SKIP_EXIT, CEngineCtx, CEngineRepr, CEntryContext, CEntryFn, CExitContext, CExitFn, Fprobe,
+    C_SKIP_EXIT, CEngineCtx, CEngineRepr, CEntryContext, CExitContext, Fprobe,
     ProbeHandle, Registry,
 };
 use fprobe::rcu;
@@ -153,50 +153,22 @@ pub struct fprobe_config {
     pub hit_cache_per_cpu: c_int,
 }
 
-/// What an entry handler sees.
-#[repr(C)]
-pub struct fprobe_entry_ctx {
-    /// The probed function's address.
-    pub addr: u64,
-    /// The return address (or call site) the engine passed.
-    pub ret_addr: u64,
-    /// The cookie given for this (probe, address) at registration.
-    pub cookie: u64,
-    /// The engine's context pointer, as passed to `fprobe_on_entry`.
-    pub engine_ctx: *mut c_void,
-    /// `data_size` bytes handed to the exit handler of this call; NULL when
-    /// the probe has no exit handler or no return instance was free. No
-    /// alignment is promised: use `memcpy`.
-    pub data: *mut c_void,
-    /// Bytes at `data` (0 when `data` is NULL).
-    pub data_size: usize,
-}
+/// What an entry handler sees: the probe layer's own C context, defined
+/// once (`fprobe::probe::CEntryContext`, named `fprobe_entry_ctx` in C).
+pub type fprobe_entry_ctx = CEntryContext;
 
-/// What an exit handler sees.
-#[repr(C)]
-pub struct fprobe_exit_ctx {
-    /// The probed function's address.
-    pub addr: u64,
-    /// The return address the engine passed to `fprobe_on_exit`.
-    pub ret_addr: u64,
-    /// The cookie given for this (probe, address) at registration.
-    pub cookie: u64,
-    /// The engine's context pointer, as passed to `fprobe_on_exit`.
-    pub engine_ctx: *mut c_void,
-    /// The bytes the entry handler wrote (no alignment promised).
-    pub data: *const c_void,
-    /// Bytes at `data`.
-    pub data_size: usize,
-}
+/// What an exit handler sees: the probe layer's own C context
+/// (`fprobe::probe::CExitContext`, named `fprobe_exit_ctx` in C).
+pub type fprobe_exit_ctx = CExitContext;
 
 /// An entry handler (NULL for none): `user` is the probe's `user`
 /// pointer. Returns 0 to have the exit handler called, [`FPROBE_SKIP_EXIT`]
 /// to skip it.
 pub type fprobe_entry_fn =
-    Option<unsafe extern "C" fn(user: *mut c_void, ctx: *mut fprobe_entry_ctx) -> c_int>;
+    Option<unsafe extern "C" fn(user: *mut c_void, ctx: *mut CEntryContext) -> c_int>;
 /// An exit handler (NULL for none).
 pub type fprobe_exit_fn =
-    Option<unsafe extern "C" fn(user: *mut c_void, ctx: *const fprobe_exit_ctx)>;
+    Option<unsafe extern "C" fn(user: *mut c_void, ctx: *const CExitContext)>;
 /// Called once with the probe's `user` pointer when the probe is gone and
 /// no handler of it can run any more (NULL for none).
 pub type fprobe_release_fn = Option<unsafe extern "C" fn(user: *mut c_void)>;
@@ -576,26 +548,8 @@ unsafe impl CEngineCtx for EngineCtx {
     const REPR: CEngineRepr = CEngineRepr::ByValue;
 }
 
-// The probe layer calls the handlers with its own C contexts, which are
-// these structs: same layout, field for field.
-const _: () = {
-    use std::mem::{offset_of, size_of};
-    assert!(size_of::<CEntryContext>() == size_of::<fprobe_entry_ctx>());
-    assert!(offset_of!(CEntryContext, addr) == offset_of!(fprobe_entry_ctx, addr));
-    assert!(offset_of!(CEntryContext, ret_addr) == offset_of!(fprobe_entry_ctx, ret_addr));
-    assert!(offset_of!(CEntryContext, cookie) == offset_of!(fprobe_entry_ctx, cookie));
-    assert!(offset_of!(CEntryContext, engine_ctx) == offset_of!(fprobe_entry_ctx, engine_ctx));
-    assert!(offset_of!(CEntryContext, data) == offset_of!(fprobe_entry_ctx, data));
-    assert!(offset_of!(CEntryContext, data_size) == offset_of!(fprobe_entry_ctx, data_size));
-    assert!(size_of::<CExitContext>() == size_of::<fprobe_exit_ctx>());
-    assert!(offset_of!(CExitContext, addr) == offset_of!(fprobe_exit_ctx, addr));
-    assert!(offset_of!(CExitContext, ret_addr) == offset_of!(fprobe_exit_ctx, ret_addr));
-    assert!(offset_of!(CExitContext, cookie) == offset_of!(fprobe_exit_ctx, cookie));
-    assert!(offset_of!(CExitContext, engine_ctx) == offset_of!(fprobe_exit_ctx, engine_ctx));
-    assert!(offset_of!(CExitContext, data) == offset_of!(fprobe_exit_ctx, data));
-    assert!(offset_of!(CExitContext, data_size) == offset_of!(fprobe_exit_ctx, data_size));
-    assert!(FPROBE_SKIP_EXIT == C_SKIP_EXIT);
-};
+// The skip code of C entry handlers is the probe layer's.
+const _: () = assert!(FPROBE_SKIP_EXIT == C_SKIP_EXIT);
 
 /// A probe calling the C handlers of `p` directly, and their `user`, to
 /// [`arm`](User::arm) once the probe is registered (a failed registration
@@ -613,27 +567,13 @@ pub(crate) fn c_probe<C: CEngineCtx + Send + Sync + 'static>(
         .data_size(p.data_size)
         .owns(user.clone());
     if let Some(entry) = p.entry {
-        // SAFETY: the same function type but for the pointee of its
-        // context argument, a struct of the same layout (asserted above).
-        let f = unsafe {
-            std::mem::transmute::<
-                unsafe extern "C" fn(*mut c_void, *mut fprobe_entry_ctx) -> c_int,
-                CEntryFn,
-            >(entry)
-        };
         // SAFETY: `fprobe_probe`'s contract: its handlers take any thread,
         // concurrently, with its `user` (shared by all threads).
-        b = unsafe { b.entry_c(f, p.user) };
+        b = unsafe { b.entry_c(entry, p.user) };
     }
     if let Some(exit) = p.exit {
         // SAFETY: as for the entry handler.
-        let f = unsafe {
-            std::mem::transmute::<unsafe extern "C" fn(*mut c_void, *const fprobe_exit_ctx), CExitFn>(
-                exit,
-            )
-        };
-        // SAFETY: as for the entry handler.
-        b = unsafe { b.exit_c(f, p.user) };
+        b = unsafe { b.exit_c(exit, p.user) };
     }
     (b.build(), user)
 }

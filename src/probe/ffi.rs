@@ -5,7 +5,8 @@
 
 use std::ffi::{c_int, c_void};
 
-/// What a C entry handler sees ([`FprobeBuilder::entry_c`](super::FprobeBuilder::entry_c)).
+/// What a C entry handler sees: `fprobe_entry_ctx` in `fprobe.h`, and
+/// the context of a Rust engine's `FprobeBuilder::entry_c` handlers.
 #[repr(C)]
 #[derive(Debug)]
 pub struct CEntryContext {
@@ -15,7 +16,9 @@ pub struct CEntryContext {
     pub ret_addr: u64,
     /// The cookie given for this (probe, address) at registration.
     pub cookie: u64,
-    /// The engine's context, as [`CEngineCtx::REPR`] says.
+    /// The engine's context: the pointer the engine passed to the entry
+    /// (`fprobe_on_entry`), or for a Rust engine what its type's
+    /// `CEngineCtx::REPR` says.
     pub engine_ctx: *mut c_void,
     /// `data_size` bytes of per-call data for the exit handler; null when
     /// there are none (the probe has no exit handler or asks for no data,
@@ -25,7 +28,8 @@ pub struct CEntryContext {
     pub data_size: usize,
 }
 
-/// What a C exit handler sees ([`FprobeBuilder::exit_c`](super::FprobeBuilder::exit_c)).
+/// What a C exit handler sees: `fprobe_exit_ctx` in `fprobe.h`, and the
+/// context of a Rust engine's `FprobeBuilder::exit_c` handlers.
 #[repr(C)]
 #[derive(Debug)]
 pub struct CExitContext {
@@ -35,7 +39,8 @@ pub struct CExitContext {
     pub ret_addr: u64,
     /// The cookie given for this (probe, address) at registration.
     pub cookie: u64,
-    /// The engine's context at return, as [`CEngineCtx::REPR`] says.
+    /// The engine's context at return: the pointer the engine passed to
+    /// the exit (`fprobe_on_exit`), or as for the entry.
     pub engine_ctx: *mut c_void,
     /// The bytes the entry handler wrote (never null).
     pub data: *const c_void,
