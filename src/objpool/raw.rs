@@ -148,21 +148,19 @@ impl<T> RawPool<T> {
             let len = m.len();
             if len > 0 {
                 // SAFETY: this thread's magazine, inside the section
-                // `enter_mine` started, which ends here.
-                let index = unsafe {
-                    let index = m.get(len - 1);
+                // `enter_mine` started.
+                let index = unsafe { m.get(len - 1) };
+                // SAFETY: as above; the section ends here.
+                unsafe {
                     m.set_len(len - 1);
                     m.exit();
-                    index
-                };
+                }
                 return Some(index);
             }
             // SAFETY: as above.
-            let got = unsafe {
-                let got = self.refill(m);
-                m.exit();
-                got
-            };
+            let got = unsafe { self.refill(m) };
+            // SAFETY: as above; the section ends here.
+            unsafe { m.exit() };
             if got.is_some() {
                 return got;
             }
@@ -229,15 +227,17 @@ impl<T> RawPool<T> {
             }
             let keep = len / 2;
             // SAFETY: we hold `m`'s claim (`claim` returned `true`), so no
-            // other thread uses it until the `release` that ends this block.
-            let (index, chain) = unsafe {
-                let index = m.get(len - 1);
-                // The rest of the taken half, as a chain for the depot.
-                let chain = (keep < len - 1).then(|| self.chain_slots(m, keep, len - 1));
+            // other thread uses it until our `release` below.
+            let index = unsafe { m.get(len - 1) };
+            // The rest of the taken half, as a chain for the depot.
+            // SAFETY: as above.
+            let chain = (keep < len - 1).then(|| unsafe { self.chain_slots(m, keep, len - 1) });
+            // SAFETY: as above; then the claim is given back, and we use
+            // `m` no more.
+            unsafe {
                 m.set_len(keep);
                 m.release();
-                (index, chain)
-            };
+            }
             if let Some((first, last)) = chain
                 && self.depot.push_chain(first, last).is_err()
             {
@@ -285,13 +285,13 @@ impl<T> RawPool<T> {
                 return;
             }
             // SAFETY: as above.
-            let flushed = unsafe {
-                let flushed = pool.flush(m);
+            let flushed = unsafe { pool.flush(m) };
+            // SAFETY: as above; the section ends here.
+            unsafe {
                 m.set(m.len(), index);
                 m.set_len(m.len() + 1);
                 m.exit();
-                flushed
-            };
+            }
             if let Err((first, last, Dead)) = flushed {
                 // SAFETY: the chain's objects are ours and the pool is
                 // dead; we give up their references.

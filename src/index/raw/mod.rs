@@ -848,16 +848,16 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             // lock, as we do, can unlink it.
             unsafe { new.bytes() }
         };
-        // SAFETY: `old` is live under our guard; we hold the stripe's lock
-        // (`st`), as `account` needs.
+        // SAFETY: `old` is live under our guard.
+        let old_bytes = unsafe { old.private_bytes() };
+        // SAFETY: we hold the stripe's lock (`st`).
         unsafe {
-            let old_bytes = old.private_bytes();
             stripe.account(
                 -(gone as isize),
                 -isize::from(left == 0),
                 new_bytes as isize - old_bytes,
-            );
-        }
+            )
+        };
         drop(st);
         self.bump();
         Ok(old)
@@ -919,13 +919,10 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         };
         Self::publish(slot, ptr::null_mut());
         self.release_addr();
-        // SAFETY: `old` is live under our guard; we hold the stripe's lock
-        // (`st`), as `account` needs.
-        let n = unsafe {
-            let (n, bytes) = (old.len(), old.private_bytes());
-            stripe.account(-(n as isize), -1, -bytes);
-            n
-        };
+        // SAFETY: `old` is live under our guard.
+        let (n, bytes) = unsafe { (old.len(), old.private_bytes()) };
+        // SAFETY: we hold the stripe's lock (`st`).
+        unsafe { stripe.account(-(n as isize), -1, -bytes) };
         drop(st);
         drop(guard);
         self.bump();
