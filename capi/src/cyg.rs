@@ -121,10 +121,15 @@ pub(crate) fn detach_registry(r: *mut fprobe_registry) {
     let _ = ATTACHED.compare_exchange(r, std::ptr::null_mut(), Ordering::SeqCst, Ordering::SeqCst);
 }
 
-/// The attached registry, if any, loaded inside a read-side section the
-/// caller holds.
+/// The attached registry, if any.
+///
+/// # Safety
+///
+/// The caller is inside a read-side section (a [`DispatchSection`] or an
+/// [`rcu::ReadGuard`]) that began before the load and lasts for all of
+/// `'s`: the registry is freed a grace period after it is detached.
 #[inline(always)]
-fn attached_registry<'s>() -> Option<&'s crate::Reg> {
+unsafe fn attached_registry<'s>() -> Option<&'s crate::Reg> {
     // Acquire: pairs with the Release of `fprobe_cyg_attach`.
     let r = ATTACHED.load(Ordering::Acquire);
     // SAFETY: an attached handle is live (handles are never freed).
@@ -150,13 +155,17 @@ fn hook(
 ) {
     match section {
         Some(section) => {
-            if let Some(reg) = attached_registry() {
+            // SAFETY: `section` is a read-side section, open across the
+            // load and the dispatch, which is all `reg` is used for.
+            if let Some(reg) = unsafe { attached_registry() } {
                 held(reg, &section);
             }
         }
         None => {
             let guard = rcu::read_lock();
-            if let Some(reg) = attached_registry() {
+            // SAFETY: `guard` is a read-side section, open across the load
+            // and the dispatch, which is all `reg` is used for.
+            if let Some(reg) = unsafe { attached_registry() } {
                 nested(reg, &guard);
             }
         }

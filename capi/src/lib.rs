@@ -61,8 +61,8 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use fprobe::Error;
 use fprobe::probe::{
-    C_SKIP_EXIT, CEngineCtx, CEngineRepr, CEntryContext, CExitContext, Fprobe,
-    ProbeHandle, Registry,
+    C_SKIP_EXIT, CEngineCtx, CEngineRepr, CEntryContext, CExitContext, Fprobe, ProbeHandle,
+    Registry,
 };
 use fprobe::rcu;
 
@@ -167,8 +167,7 @@ pub type fprobe_exit_ctx = CExitContext;
 pub type fprobe_entry_fn =
     Option<unsafe extern "C" fn(user: *mut c_void, ctx: *mut CEntryContext) -> c_int>;
 /// An exit handler (NULL for none).
-pub type fprobe_exit_fn =
-    Option<unsafe extern "C" fn(user: *mut c_void, ctx: *const CExitContext)>;
+pub type fprobe_exit_fn = Option<unsafe extern "C" fn(user: *mut c_void, ctx: *const CExitContext)>;
 /// Called once with the probe's `user` pointer when the probe is gone and
 /// no handler of it can run any more (NULL for none).
 pub type fprobe_release_fn = Option<unsafe extern "C" fn(user: *mut c_void)>;

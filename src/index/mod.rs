@@ -646,10 +646,10 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
     /// all.sort();
     /// assert_eq!(all, [(1, 'a'), (2, 'b')]);
     /// ```
-    pub fn iter<'g>(&'g self, _guard: &'g ReadGuard) -> Iter<'g, V> {
+    pub fn iter<'g>(&'g self, guard: &'g ReadGuard) -> Iter<'g, V> {
         Iter {
-            // SAFETY: `_guard` covers the iterator's lifetime `'g`.
-            raw: unsafe { RawIter::new(self.raw.root_table()) },
+            // SAFETY: `guard` covers the iterator's lifetime `'g`.
+            raw: unsafe { RawIter::new(self.raw.root_in(guard)) },
             _guard: PhantomData,
         }
     }

@@ -82,11 +82,17 @@ impl Magazine {
         }
     }
 
-    /// Starts a section, for the owning thread only; `false` (and no
-    /// section) when the thread is already inside one (a signal handler
-    /// interrupted it), the magazine is claimed, or `dead` is set.
+    /// Starts a section; `false` (and no section) when the thread is
+    /// already inside one (a signal handler interrupted it), the magazine
+    /// is claimed, or `dead` is set.
+    ///
+    /// # Safety
+    ///
+    /// Called by the owning thread only (the one [`Magazines::mine`] gave
+    /// the magazine to): `busy` is the owner's flag, and a second thread
+    /// entering would use `len` and `slots` alongside the owner.
     #[inline(always)]
-    pub(crate) fn enter(&self, asymmetric: bool, dead: &crate::sync::AtomicBool) -> bool {
+    pub(crate) unsafe fn enter(&self, asymmetric: bool, dead: &crate::sync::AtomicBool) -> bool {
         // Relaxed: only this thread stores `busy`.
         if self.busy.load(Ordering::Relaxed) != 0 {
             return false;
@@ -110,15 +116,22 @@ impl Magazine {
         // claimer did to `len` and `slots` is visible. `dead` Relaxed: the
         // handshake orders it (the teardown stores it before its barrier).
         if self.claim.load(Ordering::Acquire) != 0 || dead.load(Ordering::Relaxed) {
-            self.exit();
+            // SAFETY: ends the section just started, on the owning thread.
+            unsafe { self.exit() };
             return false;
         }
         true
     }
 
     /// Ends the section [`enter`](Self::enter) started.
+    ///
+    /// # Safety
+    ///
+    /// Called by the owning thread, inside a section `enter` started
+    /// (it returned `true`) and not yet ended: clearing `busy` otherwise
+    /// would let a claimer use the magazine while the owner does.
     #[inline(always)]
-    pub(crate) fn exit(&self) {
+    pub(crate) unsafe fn exit(&self) {
         // Release: pairs with the Acquire load of `busy` in `claim` and in
         // `wait_idle`; the section's accesses happen before the claimer's.
         self.busy.store(0, Ordering::Release);
@@ -141,14 +154,21 @@ impl Magazine {
         }
         // Acquire: pairs with the Release in `exit`.
         if self.busy.load(Ordering::Acquire) != 0 {
-            self.release();
+            // SAFETY: the claim our CAS just took.
+            unsafe { self.release() };
             return false;
         }
         true
     }
 
     /// Gives a claim back.
-    pub(crate) fn release(&self) {
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the claim ([`claim`](Self::claim) returned `true`
+    /// to it) and uses the magazine no more: clearing another claimer's
+    /// claim would let the owner use the magazine while that claimer does.
+    pub(crate) unsafe fn release(&self) {
         // Release: pairs with the Acquire claim loads in `enter` and `claim`.
         self.claim.store(0, Ordering::Release);
     }
@@ -173,26 +193,40 @@ impl Magazine {
         self.len.load(Ordering::Relaxed) as usize
     }
 
-    /// Sets the number of indices. The thread using the magazine only.
+    /// Sets the number of indices.
+    ///
+    /// # Safety
+    ///
+    /// The caller uses the magazine (module docs): it is the owning thread
+    /// inside a section ([`enter`](Self::enter)), or a thread that has
+    /// taken the magazine over (its [`claim`](Self::claim) succeeded, or
+    /// the teardown after [`wait_idle`](Self::wait_idle)).
     #[inline(always)]
-    pub(crate) fn set_len(&self, len: usize) {
+    pub(crate) unsafe fn set_len(&self, len: usize) {
         debug_assert!(len <= MAX_MAGAZINE);
         // Relaxed: published by `exit` or `release`.
         self.len.store(len as u32, Ordering::Relaxed);
     }
 
-    /// Index at `i < MAX_MAGAZINE`. The thread using the magazine only.
+    /// Index at `i < MAX_MAGAZINE`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`set_len`](Self::set_len): the caller uses the magazine.
     #[inline(always)]
-    pub(crate) fn get(&self, i: usize) -> u32 {
-        // SAFETY: the caller uses the magazine (module docs): no other
-        // thread accesses the slots.
+    pub(crate) unsafe fn get(&self, i: usize) -> u32 {
+        // SAFETY: the caller uses the magazine (this function's contract,
+        // module docs): no other thread accesses the slots.
         self.slots[i].with(|p| unsafe { *p })
     }
 
-    /// Stores `index` at `i < MAX_MAGAZINE`. The thread using the
-    /// magazine only.
+    /// Stores `index` at `i < MAX_MAGAZINE`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`set_len`](Self::set_len): the caller uses the magazine.
     #[inline(always)]
-    pub(crate) fn set(&self, i: usize, index: u32) {
+    pub(crate) unsafe fn set(&self, i: usize, index: u32) {
         // SAFETY: as in `get`.
         self.slots[i].with_mut(|p| unsafe { *p = index })
     }

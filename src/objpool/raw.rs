@@ -135,7 +135,8 @@ impl<T> RawPool<T> {
             return None;
         }
         let m = self.magazines.mine()?;
-        m.enter(self.asymmetric, &self.dead).then_some(m)
+        // SAFETY: `mine` is the calling thread's own magazine.
+        unsafe { m.enter(self.asymmetric, &self.dead) }.then_some(m)
     }
 
     /// Pops an object index: from the calling thread's magazine, else the
@@ -146,13 +147,20 @@ impl<T> RawPool<T> {
         if let Some(m) = self.enter_mine() {
             let len = m.len();
             if len > 0 {
-                let index = m.get(len - 1);
-                m.set_len(len - 1);
-                m.exit();
+                // SAFETY: this thread's magazine, inside the section
+                // `enter_mine` started.
+                let index = unsafe { m.get(len - 1) };
+                // SAFETY: as above; the section ends here.
+                unsafe {
+                    m.set_len(len - 1);
+                    m.exit();
+                }
                 return Some(index);
             }
-            let got = self.refill(m);
-            m.exit();
+            // SAFETY: as above.
+            let got = unsafe { self.refill(m) };
+            // SAFETY: as above; the section ends here.
+            unsafe { m.exit() };
             if got.is_some() {
                 return got;
             }
@@ -160,19 +168,27 @@ impl<T> RawPool<T> {
         self.pop_slow()
     }
 
-    /// Refills the empty magazine `m` (inside its section) from the depot
-    /// with half its capacity and takes one object of the batch.
+    /// Refills the empty magazine `m` from the depot with half its
+    /// capacity and takes one object of the batch.
+    ///
+    /// # Safety
+    ///
+    /// The caller is `m`'s owning thread, inside a section of it
+    /// ([`Magazine::enter`]).
     #[cold]
-    fn refill(&self, m: &Magazine) -> Option<u32> {
+    unsafe fn refill(&self, m: &Magazine) -> Option<u32> {
         let mut batch = [0u32; MAX_MAGAZINE];
         let n = self.depot.pop_batch(&mut batch[..self.mag_cap.div_ceil(2)]);
         if n == 0 {
             return None;
         }
-        for (i, &index) in batch[1..n].iter().enumerate() {
-            m.set(i, index);
+        // SAFETY: the caller uses `m`, inside its section.
+        unsafe {
+            for (i, &index) in batch[1..n].iter().enumerate() {
+                m.set(i, index);
+            }
+            m.set_len(n - 1);
         }
-        m.set_len(n - 1);
         Some(batch[0])
     }
 
@@ -205,15 +221,23 @@ impl<T> RawPool<T> {
             }
             let len = m.len();
             if len == 0 {
-                m.release();
+                // SAFETY: our claim, given back unused.
+                unsafe { m.release() };
                 continue;
             }
             let keep = len / 2;
-            let index = m.get(len - 1);
+            // SAFETY: we hold `m`'s claim (`claim` returned `true`), so no
+            // other thread uses it until our `release` below.
+            let index = unsafe { m.get(len - 1) };
             // The rest of the taken half, as a chain for the depot.
-            let chain = (keep < len - 1).then(|| self.chain_slots(m, keep, len - 1));
-            m.set_len(keep);
-            m.release();
+            // SAFETY: as above.
+            let chain = (keep < len - 1).then(|| unsafe { self.chain_slots(m, keep, len - 1) });
+            // SAFETY: as above; then the claim is given back, and we use
+            // `m` no more.
+            unsafe {
+                m.set_len(keep);
+                m.release();
+            }
             if let Some((first, last)) = chain
                 && self.depot.push_chain(first, last).is_err()
             {
@@ -251,15 +275,23 @@ impl<T> RawPool<T> {
         if let Some(m) = pool.enter_mine() {
             let len = m.len();
             if len < pool.mag_cap {
-                m.set(len, index);
-                m.set_len(len + 1);
-                m.exit();
+                // SAFETY: this thread's magazine, inside the section
+                // `enter_mine` started, which ends here.
+                unsafe {
+                    m.set(len, index);
+                    m.set_len(len + 1);
+                    m.exit();
+                }
                 return;
             }
-            let flushed = pool.flush(m);
-            m.set(m.len(), index);
-            m.set_len(m.len() + 1);
-            m.exit();
+            // SAFETY: as above.
+            let flushed = unsafe { pool.flush(m) };
+            // SAFETY: as above; the section ends here.
+            unsafe {
+                m.set(m.len(), index);
+                m.set_len(m.len() + 1);
+                m.exit();
+            }
             if let Err((first, last, Dead)) = flushed {
                 // SAFETY: the chain's objects are ours and the pool is
                 // dead; we give up their references.
@@ -277,26 +309,42 @@ impl<T> RawPool<T> {
         }
     }
 
-    /// Links slots `from..to` (not empty) of `m`, which the caller uses
-    /// (its section, or its claim), into a chain for the depot: returns
-    /// `(first, last)`, slot `to - 1` first and slot `from` last.
-    /// `push_chain` links `last` to the depot's top.
-    fn chain_slots(&self, m: &Magazine, from: usize, to: usize) -> (u32, u32) {
-        for i in from..to - 1 {
-            self.depot.link(m.get(i + 1), m.get(i));
+    /// Links slots `from..to` (not empty) of `m` into a chain for the
+    /// depot: returns `(first, last)`, slot `to - 1` first and slot `from`
+    /// last. `push_chain` links `last` to the depot's top.
+    ///
+    /// # Safety
+    ///
+    /// The caller uses `m` ([`Magazine::set_len`]): its owning thread
+    /// inside a section, or a thread holding its claim.
+    unsafe fn chain_slots(&self, m: &Magazine, from: usize, to: usize) -> (u32, u32) {
+        // SAFETY: the caller uses `m`.
+        unsafe {
+            for i in from..to - 1 {
+                self.depot.link(m.get(i + 1), m.get(i));
+            }
+            (m.get(to - 1), m.get(from))
         }
-        (m.get(to - 1), m.get(from))
     }
 
-    /// Moves the upper half of the full magazine `m` (inside its section)
-    /// to the depot with one CAS. On a dead depot the chain is handed back
-    /// (its first and last index) for the caller to drop after the section.
+    /// Moves the upper half of the full magazine `m` to the depot with one
+    /// CAS. On a dead depot the chain is handed back (its first and last
+    /// index) for the caller to drop after the section.
+    ///
+    /// # Safety
+    ///
+    /// The caller is `m`'s owning thread, inside a section of it
+    /// ([`Magazine::enter`]).
     #[cold]
-    fn flush(&self, m: &Magazine) -> Result<(), (u32, u32, Dead)> {
+    unsafe fn flush(&self, m: &Magazine) -> Result<(), (u32, u32, Dead)> {
         let len = m.len();
         let keep = len / 2;
-        let (first, last) = self.chain_slots(m, keep, len);
-        m.set_len(keep);
+        // SAFETY: the caller uses `m`, inside its section.
+        let (first, last) = unsafe {
+            let chain = self.chain_slots(m, keep, len);
+            m.set_len(keep);
+            chain
+        };
         self.depot
             .push_chain(first, last)
             .map_err(|d| (first, last, d))
@@ -391,12 +439,15 @@ impl<T> RawPool<T> {
             // `dead` and leave the magazine alone.
             m.wait_idle();
             for i in 0..m.len() {
-                // SAFETY: the magazine's objects are owned by nobody else
-                // and never return to it.
+                // SAFETY: the magazine is ours: its owner's sections have
+                // ended (`wait_idle`) and later ones see `dead`, and no
+                // claimer runs (no concurrent `pop`). The magazine's objects
+                // are owned by nobody else and never return to it.
                 unsafe { pool.drop_obj(m.get(i)) };
                 drained += 1;
             }
-            m.set_len(0);
+            // SAFETY: as above, the magazine is ours.
+            unsafe { m.set_len(0) };
         }
         pool.depot.drain_dead(|index| {
             // SAFETY: drained indices are owned by nobody else, and the

@@ -230,8 +230,14 @@ impl<C: Send + Sync + 'static> Registry<C> {
 
     /// The thread's state cached in its context, read by a dispatch that
     /// holds the `DISPATCH` bit (module docs).
+    ///
+    /// # Safety
+    ///
+    /// The calling thread holds the `DISPATCH` bit (it is inside an
+    /// outermost dispatch's section) for as long as it uses the state, and
+    /// `c` is its context.
     #[inline(always)]
-    fn cached_local(&self, c: &Context) -> Option<&ShadowStack> {
+    unsafe fn cached_local(&self, c: &Context) -> Option<&ShadowStack> {
         if c.registry_key.get() != self.locals.key() {
             return None;
         }
@@ -239,7 +245,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // this thread's state in this registry (`local_outermost` caches
         // no other under it, keys are never reused), which lives as long
         // as the registry; no nested dispatch rewrites the pair while the
-        // caller holds the bit.
+        // caller holds the bit, as it does (this function's contract).
         Some(unsafe { &*c.registry_state.get().cast::<ShadowStack>() })
     }
 
@@ -264,7 +270,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // claimed record of the process-wide domain, never freed.
             let rec = unsafe { &*rec };
             if rcu::begin_dispatch(rec) {
-                let kept = self.entry_outermost::<MARK, RET>(c, addr, ret_addr, sp, saved, ctx);
+                // SAFETY: `begin_dispatch` returned `true`: this thread
+                // holds the `DISPATCH` bit until `end_dispatch` below.
+                let kept =
+                    unsafe { self.entry_outermost::<MARK, RET>(c, addr, ret_addr, sp, saved, ctx) };
                 rec.end_dispatch();
                 return kept;
             }
@@ -274,9 +283,16 @@ impl<C: Send + Sync + 'static> Registry<C> {
 
     /// The entry of an outermost dispatch, inside its section (the
     /// `DISPATCH` bit set by `entry` or by a [`DispatchSection`]).
+    ///
+    /// # Safety
+    ///
+    /// The calling thread holds the `DISPATCH` bit for the whole call: it
+    /// is inside an outermost dispatch's section (`rcu::begin_dispatch` or
+    /// `rcu::begin_exit_dispatch` returned `true`, or it holds a
+    /// [`DispatchSection`]), and `c` is its context.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    fn entry_outermost<const MARK: bool, const RET: bool>(
+    unsafe fn entry_outermost<const MARK: bool, const RET: bool>(
         &self,
         c: &Context,
         addr: u64,
@@ -285,8 +301,13 @@ impl<C: Send + Sync + 'static> Registry<C> {
         saved: u64,
         ctx: &C,
     ) -> u64 {
-        let Some(local) = self.cached_local(c) else {
-            return self.entry_outermost_slow::<MARK, RET>(c, addr, ret_addr, sp, saved, ctx);
+        // SAFETY: the caller holds the `DISPATCH` bit, and `c` is its
+        // context.
+        let Some(local) = (unsafe { self.cached_local(c) }) else {
+            // SAFETY: as above.
+            return unsafe {
+                self.entry_outermost_slow::<MARK, RET>(c, addr, ret_addr, sp, saved, ctx)
+            };
         };
         if RET {
             self.end_frames_below(local, sp);
@@ -308,7 +329,11 @@ impl<C: Send + Sync + 'static> Registry<C> {
     #[inline(always)]
     fn end_frames_below(&self, local: &ShadowStack, sp: u64) {
         let t = local.top();
-        if (local.read(t - 1) as i64) < 0 && local.read(t - HEADER - 1) < sp {
+        // SAFETY: `local` is this thread's stack; `BOTTOM <= t < cap`, so
+        // `t - 1` is a word of it, and a negative word there is the top of
+        // a frame that took a return, whose `sp` word is `t - HEADER - 1`
+        // (`shadow.rs`, frame layout).
+        if unsafe { (local.read(t - 1) as i64) < 0 && local.read(t - HEADER - 1) < sp } {
             self.end_unwound(local, sp);
         }
     }
@@ -327,27 +352,43 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let counters = local.counters.outer();
         loop {
             let t = local.top();
-            let word = local.read(t - 1);
+            // SAFETY: `local` is this thread's stack; `BOTTOM <= t < cap`.
+            let word = unsafe { local.read(t - 1) };
             // Bare calls above the frame (another engine's) are left alone.
-            if word & TAKES_RETURN == 0 || local.read(t) != 0 {
+            // SAFETY: as above, `t < cap`.
+            if word & TAKES_RETURN == 0 || unsafe { local.read(t) } != 0 {
                 return;
             }
-            if local.read(t - HEADER - 1) >= sp {
+            // SAFETY: the top frame took a return (the test above): its
+            // `sp` word is `t - HEADER - 1` (`shadow.rs`, frame layout).
+            if unsafe { local.read(t - HEADER - 1) } >= sp {
                 return;
             }
             let entries = t - HEADER - RETURN_WORDS;
             let n = word & !TAKES_RETURN;
-            let at = self.end_unrun(local, counters, entries, n, Some(Counter::Unwound));
-            local.release(at);
+            // SAFETY: the top frame of this thread's stack took a return,
+            // its `n` return entries below word `entries`; `end_unrun`
+            // returns its first word, which `release` ends it at.
+            unsafe {
+                let at = self.end_unrun(local, counters, entries, n, Some(Counter::Unwound));
+                local.release(at);
+            }
         }
     }
 
     /// [`entry_outermost`](Self::entry_outermost) when the state is not
     /// cached: made, emptied into the current pairing epoch, cached.
+    ///
+    /// # Safety
+    ///
+    /// The calling thread holds the `DISPATCH` bit for the whole call: it
+    /// is inside an outermost dispatch's section (`rcu::begin_dispatch` or
+    /// `rcu::begin_exit_dispatch` returned `true`, or it holds a
+    /// [`DispatchSection`]), and `c` is its context.
     #[cold]
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
-    fn entry_outermost_slow<const MARK: bool, const RET: bool>(
+    unsafe fn entry_outermost_slow<const MARK: bool, const RET: bool>(
         &self,
         c: &Context,
         addr: u64,
@@ -356,7 +397,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
         saved: u64,
         ctx: &C,
     ) -> u64 {
-        match self.local_outermost(c) {
+        // SAFETY: the caller holds the `DISPATCH` bit, and `c` is its
+        // context.
+        match unsafe { self.local_outermost(c) } {
             None => 0,
             Some(local) if recursion::ignored(c) => {
                 if MARK {
@@ -403,7 +446,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// ```
     #[inline]
     pub fn on_entry_held(&self, _section: &DispatchSection, addr: u64, ret_addr: u64, ctx: &C) {
-        self.entry_outermost::<true, false>(context(), addr, ret_addr, 0, 0, ctx);
+        // SAFETY: `_section` (`!Send`, so this thread's) holds the
+        // `DISPATCH` bit; `context()` is this thread's.
+        unsafe { self.entry_outermost::<true, false>(context(), addr, ret_addr, 0, 0, ctx) };
     }
 
     /// An entry off the fast path: the thread's first dispatch (no record
@@ -425,7 +470,11 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         let c = context();
         if rcu::begin_dispatch(rec) {
-            let kept = self.entry_outermost_slow::<MARK, RET>(c, addr, ret_addr, sp, saved, ctx);
+            // SAFETY: `begin_dispatch` returned `true`: this thread holds
+            // the `DISPATCH` bit until `end_dispatch` below.
+            let kept = unsafe {
+                self.entry_outermost_slow::<MARK, RET>(c, addr, ret_addr, sp, saved, ctx)
+            };
             rec.end_dispatch();
             return kept;
         }
@@ -539,15 +588,23 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let data = unsafe { w.data_mut(at, p.data_size) };
         match run_entry(local, p, a, counters, addr, ret_addr, ctx, data) {
             EntryAction::Continue => {
-                write_return_entry(w, at, a);
-                write_header::<RET>(w, at + fw, 1, addr, ret_addr, sp, saved);
+                // SAFETY: the return entry (`fw` words from `at`) and the
+                // header (`header` words from `at + fw`) fill our
+                // reservation of `header + fw` words on this thread's
+                // stack exactly; the data slice is no longer used.
+                unsafe {
+                    write_return_entry(w, at, a);
+                    write_header::<RET>(w, at + fw, 1, addr, ret_addr, sp, saved);
+                }
                 // The reservation was exactly the frame: `top` already
                 // covers it, and the frame is complete once written.
                 if RET { w.addr(at + fw) } else { 1 }
             }
             EntryAction::SkipExit => {
                 count(counters, a, Counter::Unrun);
-                local.release(at);
+                // SAFETY: `at` is our reservation's first word, on this
+                // thread's stack.
+                unsafe { local.release(at) };
                 0
             }
         }
@@ -629,7 +686,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
             let action = run_entry(local, p, a, counters, addr, ret_addr, ctx, data);
             match (keep, action) {
                 (Some(e), EntryAction::Continue) => {
-                    write_return_entry(w, e, a);
+                    // SAFETY: this attachment's `frame_words` from `e` lie
+                    // in our reservation on this thread's stack (`need`
+                    // counts them); the data slice is no longer used.
+                    unsafe { write_return_entry(w, e, a) };
                     used += a.frame_words as usize;
                     n += 1;
                 }
@@ -644,11 +704,18 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         if n == 0 {
             // Reserved, nothing kept: given back.
-            local.release(at);
+            // SAFETY: `at` is our reservation's first word, on this
+            // thread's stack.
+            unsafe { local.release(at) };
             return 0;
         }
-        write_header::<RET>(w, at + used, n, addr, ret_addr, sp, saved);
-        local.commit(at, used + header);
+        // SAFETY: the header's `header` words from `at + used` lie in our
+        // reservation (`used + header <= need`) on this thread's stack, and
+        // the frame kept is those `used + header` words of it.
+        unsafe {
+            write_header::<RET>(w, at + used, n, addr, ret_addr, sp, saved);
+            local.commit(at, used + header);
+        }
         if RET { w.addr(at + used) } else { 1 }
     }
 
@@ -667,7 +734,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
             let rec = unsafe { &*rec };
             // The epoch of the entry's section serves (`rcu/raw.rs`).
             if rcu::begin_exit_dispatch(rec) {
-                self.exit_outermost(c, ret_addr, ctx);
+                // SAFETY: `begin_exit_dispatch` returned `true`: this
+                // thread holds the `DISPATCH` bit until `end_dispatch`.
+                unsafe { self.exit_outermost(c, ret_addr, ctx) };
                 rec.end_dispatch();
                 return;
             }
@@ -677,10 +746,20 @@ impl<C: Send + Sync + 'static> Registry<C> {
 
     /// The exit of an outermost dispatch, inside its section (as
     /// [`entry_outermost`](Self::entry_outermost)).
+    ///
+    /// # Safety
+    ///
+    /// The calling thread holds the `DISPATCH` bit for the whole call: it
+    /// is inside an outermost dispatch's section (`rcu::begin_dispatch` or
+    /// `rcu::begin_exit_dispatch` returned `true`, or it holds a
+    /// [`DispatchSection`]), and `c` is its context.
     #[inline(always)]
-    fn exit_outermost(&self, c: &Context, ret_addr: u64, ctx: &C) {
-        let Some(local) = self.cached_local(c) else {
-            return self.exit_outermost_slow(c, ret_addr, ctx);
+    unsafe fn exit_outermost(&self, c: &Context, ret_addr: u64, ctx: &C) {
+        // SAFETY: the caller holds the `DISPATCH` bit, and `c` is its
+        // context.
+        let Some(local) = (unsafe { self.cached_local(c) }) else {
+            // SAFETY: as above.
+            return unsafe { self.exit_outermost_slow(c, ret_addr, ctx) };
         };
         let counters = local.counters.outer();
         self.exit_pop(local, counters, Ending::Run, ret_addr, ctx);
@@ -688,10 +767,19 @@ impl<C: Send + Sync + 'static> Registry<C> {
 
     /// [`exit_outermost`](Self::exit_outermost) when the state is not
     /// cached.
+    ///
+    /// # Safety
+    ///
+    /// The calling thread holds the `DISPATCH` bit for the whole call: it
+    /// is inside an outermost dispatch's section (`rcu::begin_dispatch` or
+    /// `rcu::begin_exit_dispatch` returned `true`, or it holds a
+    /// [`DispatchSection`]), and `c` is its context.
     #[cold]
     #[inline(never)]
-    fn exit_outermost_slow(&self, c: &Context, ret_addr: u64, ctx: &C) {
-        if let Some(local) = self.local_outermost(c) {
+    unsafe fn exit_outermost_slow(&self, c: &Context, ret_addr: u64, ctx: &C) {
+        // SAFETY: the caller holds the `DISPATCH` bit, and `c` is its
+        // context.
+        if let Some(local) = unsafe { self.local_outermost(c) } {
             let ending = match recursion::ignored(c) {
                 true => Ending::Unrun { recursion: false },
                 false => Ending::Run,
@@ -704,7 +792,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// [`on_entry_held`](Self::on_entry_held)).
     #[inline]
     pub fn on_exit_held(&self, _section: &DispatchSection, ret_addr: u64, ctx: &C) {
-        self.exit_outermost(context(), ret_addr, ctx);
+        // SAFETY: as in `on_entry_held`.
+        unsafe { self.exit_outermost(context(), ret_addr, ctx) };
     }
 
     /// An exit off the fast path (as [`entry_slow`](Self::entry_slow)).
@@ -716,7 +805,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         let c = context();
         if rcu::begin_exit_dispatch(rec) {
-            self.exit_outermost_slow(c, ret_addr, ctx);
+            // SAFETY: `begin_exit_dispatch` returned `true`: this thread
+            // holds the `DISPATCH` bit until `end_dispatch` below.
+            unsafe { self.exit_outermost_slow(c, ret_addr, ctx) };
             rec.end_dispatch();
             return;
         }
@@ -771,14 +862,20 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let Some((t, n)) = local.pop_frame() else {
             return;
         };
-        let at = match ending {
-            Ending::Run => self.exit_frame::<false>(local, counters, t, n, ret_addr, ctx),
-            Ending::Unrun { recursion } => {
-                let cause = recursion.then_some(Counter::Recursion);
-                self.end_unrun(local, counters, t - HEADER, n, cause)
-            }
-        };
-        local.release(at);
+        // SAFETY: `pop_frame` found a plain entry's frame with `n` return
+        // entries under the bare word `t` of this thread's stack, its
+        // header `[addr, n]` just below `t`; both return that frame's
+        // first word, which `release` ends it at.
+        unsafe {
+            let at = match ending {
+                Ending::Run => self.exit_frame::<false>(local, counters, t, n, ret_addr, ctx),
+                Ending::Unrun { recursion } => {
+                    let cause = recursion.then_some(Counter::Recursion);
+                    self.end_unrun(local, counters, t - HEADER, n, cause)
+                }
+            };
+            local.release(at);
+        }
     }
 
     /// [`on_exit`](Self::on_exit) for a caller inside a read-side section:
@@ -817,7 +914,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
             let rec = unsafe { &*rec };
             // As in `on_exit`.
             if rcu::begin_exit_dispatch(rec) {
-                if let Some(local) = self.cached_local(c) {
+                // SAFETY: `begin_exit_dispatch` returned `true`: this
+                // thread holds the `DISPATCH` bit until `end_dispatch`.
+                if let Some(local) = unsafe { self.cached_local(c) } {
                     let counters = local.counters.outer();
                     let ret = self.return_frames(local, counters, Ending::Run, sp, ctx);
                     rec.end_dispatch();
@@ -836,7 +935,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let rec = rcu::thread_record()?;
         let c = context();
         if rcu::begin_exit_dispatch(rec) {
-            let ret = self.local_outermost(c).and_then(|local| {
+            // SAFETY: `begin_exit_dispatch` returned `true`: this thread
+            // holds the `DISPATCH` bit until `end_dispatch` below.
+            let ret = unsafe { self.local_outermost(c) }.and_then(|local| {
                 let ending = match recursion::ignored(c) {
                     true => Ending::Unrun { recursion: false },
                     false => Ending::Run,
@@ -878,7 +979,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // Bare calls above the frame are deeper than it: popping the
             // frame drops them (`release` goes below it).
             let t = local.top();
-            let word = local.read(t - 1);
+            // SAFETY: `local` is this thread's stack; `BOTTOM <= t < cap`.
+            let word = unsafe { local.read(t - 1) };
             if word == 0 {
                 return None; // the bottom: word 0
             }
@@ -891,30 +993,47 @@ impl<C: Send + Sync + 'static> Registry<C> {
             if word & TAKES_RETURN == 0 {
                 // A plain entry's frame above ours, its exit never
                 // dispatched.
-                let at = self.end_unrun(local, counters, t - HEADER, word, gone);
-                local.release(at);
+                // SAFETY: the top frame is a plain entry's (`word`, not 0,
+                // its sign bit clear) with `word` return entries below its
+                // header; ended at the first word `end_unrun` returns.
+                unsafe {
+                    let at = self.end_unrun(local, counters, t - HEADER, word, gone);
+                    local.release(at);
+                }
                 continue;
             }
-            let at_sp = local.read(t - HEADER - 1);
+            // SAFETY: the top frame took a return: its `sp` word is
+            // `t - HEADER - 1` (`shadow.rs`, frame layout).
+            let at_sp = unsafe { local.read(t - HEADER - 1) };
             if at_sp > sp {
                 return None; // a frame of a caller's call: ours is gone
             }
             let entries = t - HEADER - RETURN_WORDS;
             let n = word & !TAKES_RETURN;
             if at_sp < sp {
-                let at = self.end_unrun(local, counters, entries, n, gone);
-                local.release(at);
+                // SAFETY: the top frame took a return, its `n` return
+                // entries below word `entries`; ended at its first word.
+                unsafe {
+                    let at = self.end_unrun(local, counters, entries, n, gone);
+                    local.release(at);
+                }
                 continue;
             }
-            let ret = local.read(t - HEADER - 2);
-            let at = match ending {
-                Ending::Run => self.exit_frame::<true>(local, counters, t, n, ret, ctx),
-                Ending::Unrun { recursion } => {
-                    let cause = recursion.then_some(Counter::Recursion);
-                    self.end_unrun(local, counters, entries, n, cause)
-                }
+            // SAFETY: the top frame took a return: its `ret_addr` word is
+            // `t - HEADER - 2`; it has `n` return entries below word
+            // `entries`, and is ended at the first word both return.
+            let ret = unsafe {
+                let ret = local.read(t - HEADER - 2);
+                let at = match ending {
+                    Ending::Run => self.exit_frame::<true>(local, counters, t, n, ret, ctx),
+                    Ending::Unrun { recursion } => {
+                        let cause = recursion.then_some(Counter::Recursion);
+                        self.end_unrun(local, counters, entries, n, cause)
+                    }
+                };
+                local.release(at);
+                ret
             };
-            local.release(at);
             return Some(ret);
         }
     }
@@ -922,9 +1041,15 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// Runs the exit handlers of the frame under the bare word `t`, with
     /// `n ≥ 1` return entries (`RET`: one that took a return); returns the
     /// frame's first word.
+    ///
+    /// # Safety
+    ///
+    /// `local` is the calling thread's stack, and its top frame is such a
+    /// frame under the bare word `t == top`, laid out as `shadow.rs`
+    /// says (written by this thread's entry).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    fn exit_frame<const RET: bool>(
+    unsafe fn exit_frame<const RET: bool>(
         &self,
         local: &ShadowStack,
         counters: CounterView,
@@ -939,15 +1064,20 @@ impl<C: Send + Sync + 'static> Registry<C> {
         } else {
             t - HEADER
         };
-        let addr = w.read(t - 2);
+        // SAFETY: the frame's `addr` word, below `t` (the caller's
+        // contract).
+        let addr = unsafe { w.read(t - 2) };
         match n {
             // One probe, the usual case: no loop.
-            1 => self.exit_entry(local, counters, entries, addr, ret_addr, ctx),
+            // SAFETY: the frame's newest return entry ends at `entries`.
+            1 => unsafe { self.exit_entry(local, counters, entries, addr, ret_addr, ctx) },
             _ => {
                 let (mut p, mut left) = (entries, n);
                 // `n ≥ 1`: no test before the first.
                 loop {
-                    p = self.exit_entry(local, counters, p, addr, ret_addr, ctx);
+                    // SAFETY: `p` is where the frame's next return entry
+                    // ends: `entries`, then where the previous one started.
+                    p = unsafe { self.exit_entry(local, counters, p, addr, ret_addr, ctx) };
                     left -= 1;
                     if left == 0 {
                         return p;
@@ -960,8 +1090,14 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// Runs the exit handler of the return entry ending at word `p` (below
     /// the stack's `top`) unless its probe was unregistered since the
     /// entry; returns where the entry starts.
+    ///
+    /// # Safety
+    ///
+    /// `local` is the calling thread's stack, and a return entry of a
+    /// frame below its `top` ends at word `p` (`shadow.rs`: `[data…,
+    /// cookie, generation, meta]`, written by this thread's entry).
     #[inline(always)]
-    fn exit_entry(
+    unsafe fn exit_entry(
         &self,
         local: &ShadowStack,
         counters: CounterView,
@@ -971,9 +1107,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
         ctx: &C,
     ) -> usize {
         let w = local.words();
-        let meta = w.read(p - 1);
-        let generation = w.read(p - 2);
-        let cookie = w.read(p - 3);
+        // SAFETY: the entry's last three words, below `top` (the caller's
+        // contract).
+        let (meta, generation, cookie) = unsafe { (w.read(p - 1), w.read(p - 2), w.read(p - 3)) };
         let (slot_idx, dw) = (meta as u32, (meta >> 32) as usize);
         let data_at = p - 3 - dw;
         debug_assert!((slot_idx as usize) < self.slots.len());
@@ -1044,9 +1180,15 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// an unwind went past), counting `Unrun` (and `cause`, `Recursion` or
     /// `Unwound`, if any) for those whose probe is still registered;
     /// returns the frame's first word.
+    ///
+    /// # Safety
+    ///
+    /// `local` is the calling thread's stack, and `n` return entries of a
+    /// frame below its `top` lie below word `entries`, newest first
+    /// (`shadow.rs`, frame layout).
     #[cold]
     #[inline(never)]
-    fn end_unrun(
+    unsafe fn end_unrun(
         &self,
         local: &ShadowStack,
         counters: CounterView,
@@ -1057,8 +1199,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let w = local.words();
         let mut p = entries;
         for _ in 0..n {
-            let meta = w.read(p - 1);
-            let generation = w.read(p - 2);
+            // SAFETY: a return entry ends at `p`, below `top` (the caller's
+            // contract): these are its `meta` and `generation` words.
+            let (meta, generation) = unsafe { (w.read(p - 1), w.read(p - 2)) };
             let (slot_idx, dw) = (meta as u32, (meta >> 32) as usize);
             p -= 3 + dw;
             if !self
@@ -1107,7 +1250,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
             }
         });
         match epoch {
-            Some(epoch) => local.forget(epoch, keep),
+            // SAFETY: `local` is this thread's stack, and `keep` is what
+            // `kept_by_reset` returned above (or `BOTTOM`), with no push or
+            // pop since.
+            Some(epoch) => unsafe { local.forget(epoch, keep) },
             None => local.adopt(),
         }
     }
@@ -1118,9 +1264,16 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// epoch if it belongs to an older one, and cached unless the thread
     /// is ignored. `None` while the thread's thread-locals are being
     /// destroyed.
+    ///
+    /// # Safety
+    ///
+    /// The calling thread holds the `DISPATCH` bit for the call and while
+    /// it uses the state: it is inside an outermost dispatch's section
+    /// (`rcu::begin_dispatch` or `rcu::begin_exit_dispatch` returned
+    /// `true`, or it holds a [`DispatchSection`]), and `c` is its context.
     #[cold]
     #[inline(never)]
-    pub(super) fn local_outermost(&self, c: &Context) -> Option<&ShadowStack> {
+    pub(super) unsafe fn local_outermost(&self, c: &Context) -> Option<&ShadowStack> {
         // The key before the stack is looked at: if it changes meanwhile,
         // the stack is cached under a key that no longer matches.
         let key = self.locals.key();
@@ -1169,19 +1322,33 @@ impl<C: Send + Sync + 'static> Registry<C> {
 
 /// Writes the return entry of attachment `a` whose data words start at
 /// word `at` (`shadow.rs`: `[data…, cookie, generation, meta]`).
+///
+/// # Safety
+///
+/// Words `at .. at + a.frame_words` are in the calling thread's
+/// reservation on its own stack `w`, and no reference to them lives.
 #[inline(always)]
-fn write_return_entry(w: Words, at: usize, a: &Attachment) {
+unsafe fn write_return_entry(w: Words, at: usize, a: &Attachment) {
     let dw = a.frame_words as usize - 3;
-    w.write(at + dw, a.cookie);
-    w.write(at + dw + 1, a.generation);
-    w.write(at + dw + 2, u64::from(a.slot) | (dw as u64) << 32);
+    // SAFETY: the entry's last three words, in the caller's reservation.
+    unsafe {
+        w.write(at + dw, a.cookie);
+        w.write(at + dw + 1, a.generation);
+        w.write(at + dw + 2, u64::from(a.slot) | (dw as u64) << 32);
+    }
 }
 
 /// Writes a frame's header at word `h`, above its `n` return entries:
 /// `[addr, n]`, or `[saved, ret_addr, sp, addr, n | TAKES_RETURN]`
 /// (`RET`; the first three a [`KeptReturn`]).
+///
+/// # Safety
+///
+/// The header's words, `h .. h + HEADER` (and `RETURN_WORDS` more with
+/// `RET`), are in the calling thread's reservation on its own stack `w`,
+/// and no reference to them lives.
 #[inline(always)]
-fn write_header<const RET: bool>(
+unsafe fn write_header<const RET: bool>(
     w: Words,
     mut h: usize,
     n: u64,
@@ -1190,14 +1357,17 @@ fn write_header<const RET: bool>(
     sp: u64,
     saved: u64,
 ) {
-    if RET {
-        w.write(h, saved);
-        w.write(h + 1, ret_addr);
-        w.write(h + 2, sp);
-        h += RETURN_WORDS;
+    // SAFETY: the header's words, in the caller's reservation.
+    unsafe {
+        if RET {
+            w.write(h, saved);
+            w.write(h + 1, ret_addr);
+            w.write(h + 2, sp);
+            h += RETURN_WORDS;
+        }
+        w.write(h, addr);
+        w.write(h + 1, if RET { n | TAKES_RETURN } else { n });
     }
-    w.write(h, addr);
-    w.write(h + 1, if RET { n | TAKES_RETURN } else { n });
 }
 
 /// A handler of the probe in slot `slot` under `generation` panicked

@@ -765,7 +765,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // writes below `top`. Frames of an older pairing epoch are
         // forgotten first (their `Unrun`s before the sum is read).
         let own = DispatchSection::enter().and_then(|_section| {
-            let local = self.local_outermost(crate::context::context())?;
+            // SAFETY: `_section` holds the `DISPATCH` bit on this thread
+            // while `local` is used; the context is this thread's.
+            let local = unsafe { self.local_outermost(crate::context::context()) }?;
             let mut own = 0;
             local.each_return_entry(super::shadow::BOTTOM, |slot, generation| {
                 own += u64::from(slot == h.slot && generation == h.generation);

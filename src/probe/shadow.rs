@@ -144,7 +144,9 @@ impl ShadowStack {
     /// Taken over from an exited thread: its frames are meaningless here.
     pub(super) fn adopt(&self) {
         self.top.set(BOTTOM);
-        self.write(BOTTOM, 0);
+        // SAFETY: `BOTTOM < cap` (`new` makes at least `BOTTOM + 1` words);
+        // the stack is its owner's (the adopting thread's).
+        unsafe { self.write(BOTTOM, 0) };
     }
 
     /// The pairing epoch the stack belongs to.
@@ -156,9 +158,17 @@ impl ShadowStack {
     /// Empties the stack into pairing epoch `epoch` (by an outermost
     /// dispatch only), down to the bare word at `keep`
     /// ([`kept_by_reset`](Self::kept_by_reset)), whose calls it drops.
-    pub(super) fn forget(&self, epoch: u64, keep: usize) {
+    ///
+    /// # Safety
+    ///
+    /// Called by the owning thread, with `keep` what `kept_by_reset`
+    /// returned (or [`BOTTOM`]) with no push or pop since: a bare word at
+    /// most `top`, so below `cap`.
+    pub(super) unsafe fn forget(&self, epoch: u64, keep: usize) {
         self.top.set(keep);
-        self.write(keep, 0);
+        // SAFETY: `keep < cap` and the stack is ours (the caller's
+        // contract).
+        unsafe { self.write(keep, 0) };
         self.epoch.set(epoch);
     }
 
@@ -167,10 +177,14 @@ impl ShadowStack {
     pub(super) fn kept_by_reset(&self) -> usize {
         let mut t = self.top.get().min(self.last);
         while t > BOTTOM {
-            if self.read(t - 1) & TAKES_RETURN != 0 {
+            // SAFETY: `BOTTOM < t <= last < cap`: `t - 1` is a word of the
+            // stack.
+            if unsafe { self.read(t - 1) } & TAKES_RETURN != 0 {
                 return t;
             }
-            match self.frame_base(t, |_, _| ()) {
+            // SAFETY: `BOTTOM < t < cap`, and `frame_base` returns a lower
+            // bare word.
+            match unsafe { self.frame_base(t, |_, _| ()) } {
                 Some(base) => t = base,
                 None => return BOTTOM,
             }
@@ -186,18 +200,26 @@ impl ShadowStack {
     pub(super) fn each_return_entry(&self, from: usize, mut f: impl FnMut(u32, u64)) {
         let mut t = self.top.get().min(self.last);
         while t > from.max(BOTTOM) {
-            match self.frame_base(t, &mut f) {
+            // SAFETY: `BOTTOM < t <= last < cap`, and `frame_base` returns a
+            // lower bare word.
+            match unsafe { self.frame_base(t, &mut f) } {
                 Some(base) => t = base,
                 None => return,
             }
         }
     }
 
-    /// The bare word below the frame under the bare word `t` (`BOTTOM < t
-    /// < cap`), calling `f(slot, generation)` for each of its return
-    /// entries, newest first; `None` when it does not parse.
-    fn frame_base(&self, t: usize, mut f: impl FnMut(u32, u64)) -> Option<usize> {
-        let word = self.read(t - 1);
+    /// The bare word below the frame under the bare word `t`, calling
+    /// `f(slot, generation)` for each of its return entries, newest first;
+    /// `None` when it does not parse.
+    ///
+    /// # Safety
+    ///
+    /// `BOTTOM < t < cap`, on the owning thread.
+    unsafe fn frame_base(&self, t: usize, mut f: impl FnMut(u32, u64)) -> Option<usize> {
+        // SAFETY: every word read here is below `t < cap` (the subtractions
+        // are checked), and the stack is ours: the caller's contract.
+        let word = unsafe { self.read(t - 1) };
         let header = if word & TAKES_RETURN != 0 {
             HEADER + RETURN_WORDS
         } else {
@@ -206,8 +228,8 @@ impl ShadowStack {
         let mut p = t.checked_sub(header + 1)? + 1;
         for _ in 0..word & !TAKES_RETURN {
             let below = p.checked_sub(3)?;
-            let meta = self.read(p - 1);
-            let generation = self.read(p - 2);
+            // SAFETY: as above; `3 <= p < t`.
+            let (meta, generation) = unsafe { (self.read(p - 1), self.read(p - 2)) };
             let next = below.checked_sub((meta >> 32) as usize)?;
             f(meta as u32, generation);
             p = next;
@@ -228,15 +250,25 @@ impl ShadowStack {
         self.top.set(at + words);
         // The reservation is in memory before any write into it.
         compiler_fence(Ordering::SeqCst);
-        self.write(at + words, 0);
+        // SAFETY: `at + words = t + 1 + words <= last < cap`, checked
+        // above; the stack is its owner's, the dispatching thread's.
+        unsafe { self.write(at + words, 0) };
         Some(at)
     }
 
     /// Shrinks a frame reserved at `at` to its first `words` words (at
     /// least one, all written), with its bare word above them.
+    ///
+    /// # Safety
+    ///
+    /// Called by the owning thread; `at` is what [`reserve`](Self::reserve)
+    /// returned for this frame, which `words` does not exceed, and `top`
+    /// has not moved since (nested dispatches leave it as they find it).
     #[inline(always)]
-    pub(super) fn commit(&self, at: usize, words: usize) {
-        self.write(at + words, 0);
+    pub(super) unsafe fn commit(&self, at: usize, words: usize) {
+        // SAFETY: `at + words` is at most the reservation's bare word,
+        // below `cap` (the caller's contract).
+        unsafe { self.write(at + words, 0) };
         // The frame's words are in memory before `top` stops covering the
         // rest of the reservation.
         compiler_fence(Ordering::SeqCst);
@@ -246,8 +278,15 @@ impl ShadowStack {
     /// Ends the frame that starts at word `at` (reserved, or popped and
     /// read): `top` goes back to the bare word below it, after every read
     /// of the frame.
+    ///
+    /// # Safety
+    ///
+    /// Called by the owning thread; `at` is the first word of the frame
+    /// under `top` (what [`reserve`](Self::reserve) returned for it, or
+    /// where the popped frame starts), so `at - 1` is a bare word at least
+    /// [`BOTTOM`]: every later push and pop indexes from it.
     #[inline(always)]
-    pub(super) fn release(&self, at: usize) {
+    pub(super) unsafe fn release(&self, at: usize) {
         compiler_fence(Ordering::SeqCst);
         self.top.set(at - 1);
     }
@@ -257,19 +296,31 @@ impl ShadowStack {
     #[inline(always)]
     pub(super) fn push_bare(&self) {
         let (w, t) = (self.words(), self.top.get());
-        w.write(t, w.read(t) + 1);
+        // SAFETY: `top < cap` (field invariant); the stack is its owner's,
+        // the dispatching thread's.
+        unsafe { w.write(t, w.read(t) + 1) };
     }
 
     /// Word `i` (below `top`).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Words::read`].
     #[inline(always)]
-    pub(super) fn read(&self, i: usize) -> u64 {
-        self.words().read(i)
+    pub(super) unsafe fn read(&self, i: usize) -> u64 {
+        // SAFETY: the caller's contract.
+        unsafe { self.words().read(i) }
     }
 
     /// Writes word `i` (reserved by the caller).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Words::write`].
     #[inline(always)]
-    pub(super) fn write(&self, i: usize, v: u64) {
-        self.words().write(i, v);
+    pub(super) unsafe fn write(&self, i: usize, v: u64) {
+        // SAFETY: the caller's contract.
+        unsafe { self.words().write(i, v) };
     }
 
     /// The stack's words, for a dispatch to keep in a register.
@@ -287,11 +338,14 @@ impl ShadowStack {
     #[inline(always)]
     pub(super) fn pop_bare(&self) -> bool {
         let (w, t) = (self.words(), self.top.get());
-        let bare = w.read(t);
+        // SAFETY: `top < cap` (field invariant); the stack is its owner's,
+        // the dispatching thread's.
+        let bare = unsafe { w.read(t) };
         if bare == 0 {
             return false;
         }
-        w.write(t, bare - 1);
+        // SAFETY: as above.
+        unsafe { w.write(t, bare - 1) };
         true
     }
 
@@ -304,7 +358,10 @@ impl ShadowStack {
     #[inline(always)]
     pub(super) fn pop_frame(&self) -> Option<(usize, u64)> {
         let t = self.top.get();
-        let n = self.read(t - 1);
+        // SAFETY: `BOTTOM <= top < cap` (field invariant), so `t - 1` is a
+        // word of the stack; the stack is its owner's, the dispatching
+        // thread's.
+        let n = unsafe { self.read(t - 1) };
         if (n as i64) <= 0 {
             return None;
         }
@@ -329,18 +386,31 @@ pub(super) struct Words {
 
 impl Words {
     /// Word `i` (below `top`).
+    ///
+    /// # Safety
+    ///
+    /// `i < cap`, the stack's length in words (unchecked in release
+    /// builds): a word below `top`, or in the caller's own reservation.
+    /// The calling thread owns the stack, and no reference to the word
+    /// lives.
     #[inline(always)]
-    pub(super) fn read(self, i: usize) -> u64 {
+    pub(super) unsafe fn read(self, i: usize) -> u64 {
         #[cfg(debug_assertions)]
         debug_assert!(i < self.cap);
-        // SAFETY: `i < cap` (the callers index below `top` or their own
-        // reservation); owner-only memory, no reference to it lives.
+        // SAFETY: `i < cap`, in the stack's allocation; owner-only memory,
+        // unreferenced (the caller's contract).
         unsafe { self.stack.as_ptr().add(i).read() }
     }
 
     /// Writes word `i` (reserved by the caller).
+    ///
+    /// # Safety
+    ///
+    /// As for [`read`](Self::read): `i < cap` (a word at or below `top`,
+    /// or in the caller's reservation), on the owning thread, with no
+    /// reference to the word alive.
     #[inline(always)]
-    pub(super) fn write(self, i: usize, v: u64) {
+    pub(super) unsafe fn write(self, i: usize, v: u64) {
         #[cfg(debug_assertions)]
         debug_assert!(i < self.cap);
         // SAFETY: as in `read`.

@@ -317,7 +317,8 @@ fn follow(st: &State, cpu: Option<usize>) {
 }
 
 /// Sends a stalled reclaimer home and suspends following for
-/// [`STALL_PAUSE`] (module docs: placement). Caller holds the lock.
+/// [`STALL_PAUSE`] (module docs: placement). `g` is the state under the
+/// lock, whose guard ([`lock`]) the caller holds.
 fn release_stalled(g: &mut Inner) {
     if let Some(p) = g.placement.as_mut() {
         p.paused_until = Some(Instant::now() + STALL_PAUSE);

@@ -18,7 +18,9 @@ pub(super) const BULK_RUN: usize = 1024;
 const PREFETCH_AHEAD: usize = 8;
 
 /// Records unlinked by an undone bulk insert, retired when dropped (also
-/// when a clone taken from them panics, in `roll_back`).
+/// when a clone taken from them panics, in `roll_back`). Invariant: each
+/// record came from `unlink_inserted`, and the reference of the slot it
+/// was unlinked from is held here, given back once, on drop.
 struct RetireAll<'a, V: Clone + Send + Sync + 'static>(
     &'a RawIndex<V>,
     Vec<(RecordPtr<V>, Vec<u64>)>,
@@ -27,7 +29,9 @@ struct RetireAll<'a, V: Clone + Send + Sync + 'static>(
 impl<V: Clone + Send + Sync + 'static> Drop for RetireAll<'_, V> {
     fn drop(&mut self) {
         for (rec, _) in self.1.drain(..) {
-            self.0.retire_record(rec);
+            // SAFETY: the struct invariant: the unlinked slot's reference,
+            // drained, so given back once.
+            unsafe { self.0.retire_record(rec) };
         }
     }
 }
@@ -66,15 +70,20 @@ impl BulkBatch {
     /// Whether `key`, whose current record is `found` (under its stripe
     /// lock), may already hold a value of this batch, or has deferred ones.
     /// O(values of the address).
-    fn repeats<V>(&mut self, key: u64, found: Option<&(&Slot, RecordPtr<V>)>) -> bool {
+    ///
+    /// # Safety
+    ///
+    /// The caller holds a read guard and `key`'s stripe lock, under which
+    /// `locate` returned `found`.
+    unsafe fn repeats<V>(&mut self, key: u64, found: Option<&(&Slot, RecordPtr<V>)>) -> bool {
         if !self.deferred_keys.is_empty() && self.deferred_keys.contains(&key) {
             return true;
         }
         let Some((_, rec)) = found else {
             return false;
         };
-        // SAFETY: the caller holds a read guard and the stripe lock.
-        // A shared insert's id is never the batch's.
+        // SAFETY: the caller holds a read guard and the stripe lock, so
+        // the record is live. A shared insert's id is never the batch's.
         let recent = unsafe { rec.ids() }.iter().any(|&id| {
             let si = (id & ((1 << STRIPE_ID_BITS) - 1)) as usize;
             id & SHARED_ID == 0 && id >> STRIPE_ID_BITS >= self.start[si]
@@ -109,7 +118,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             let guard = rcu::read_lock();
             let new_keys = distinct
                 .iter()
-                .filter(|&&k| self.lookup_raw(k).is_null())
+                // SAFETY: `guard` is held; only the pointer's nullness is
+                // used.
+                .filter(|&&k| unsafe { self.lookup_raw(k) }.is_null())
                 .count();
             drop(guard);
             if self.limited_addrs.load(Ordering::Relaxed) + new_keys > max {
@@ -206,7 +217,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 let mut st = lock(&stripe.lock);
                 batch.hold(si, st.next_seq);
                 // No future can be attached while we hold a stripe lock.
-                let table = self.newest();
+                // SAFETY: `guard` is held, and `table` is used only under
+                // it (this stripe run).
+                let table = unsafe { self.newest() };
                 let (mut claims, mut long_probe) = (0, false);
                 let mut stopped: Option<Result<usize, Error>> = None;
                 while j < end {
@@ -217,14 +230,23 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                         table.prefetch(keys[order[j + PREFETCH_AHEAD]]);
                     }
                     let p = order[j];
-                    let found = self.locate(keys[p]);
-                    if batch.repeats(keys[p], found.as_ref()) {
+                    // SAFETY: `guard` and stripe `si`'s lock (`st`), which
+                    // is `keys[p]`'s, are held while `found` is used.
+                    let found = unsafe { self.locate(keys[p]) };
+                    // SAFETY: `found` is `locate`'s, under the same hold of
+                    // `guard` and `st`.
+                    if unsafe { batch.repeats(keys[p], found.as_ref()) } {
                         deferred.push(p);
                         j += 1;
                         continue;
                     }
                     let mut next = || vals[p].take().expect("each value inserted once");
-                    match self.insert_group_at(si, stripe, &mut st, keys[p], found, &mut next, 1) {
+                    // SAFETY: as for `locate` above, whose `found` this is,
+                    // under the same hold.
+                    let r = unsafe {
+                        self.insert_group_at(si, stripe, &mut st, keys[p], found, &mut next, 1)
+                    };
+                    match r {
                         Ok(Some(g)) => {
                             ids[p] = g.first;
                             inserted.push(p);
@@ -269,7 +291,11 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 taken += 1;
                 v
             };
-            let r = self.insert_group_locked(si, stripe, &mut st, key, &mut next, group.len());
+            // SAFETY: `guard` and stripe `si`'s lock (`st`), `key`'s, are
+            // held.
+            let r = unsafe {
+                self.insert_group_locked(si, stripe, &mut st, key, &mut next, group.len())
+            };
             drop(st);
             drop(guard);
             let (claims, long_probe, stopped) = match r {

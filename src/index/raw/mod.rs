@@ -123,10 +123,15 @@ struct StripeState {
 }
 
 impl Stripe {
-    /// Adjusts the stripe's counters. Caller holds `lock` (the only writer),
+    /// Adjusts the stripe's counters. The lock holder is the only writer,
     /// so a load and a store suffice; readers of `len()` may see either
     /// value.
-    fn account(&self, values: isize, addrs: isize, record_bytes: isize) {
+    ///
+    /// # Safety
+    ///
+    /// The caller holds this stripe's `lock`: with two writers, one's
+    /// load-then-store could lose the other's adjustment.
+    unsafe fn account(&self, values: isize, addrs: isize, record_bytes: isize) {
         for (counter, delta) in [
             (&self.values, values),
             (&self.addrs, addrs),
@@ -310,18 +315,29 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
 
     // ---------------------------------------------------------------- reads
 
-    /// The record of `key`, or null. The caller holds a read guard.
+    /// The record of `key`, or null.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds a read guard (which keeps the tables it walks
+    /// allocated) and uses the record only while it holds it.
     #[inline(always)]
-    pub(crate) fn lookup_raw(&self, key: u64) -> *mut Header {
-        self.lookup_then(key, NonNull::as_ptr, ptr::null_mut)
+    pub(crate) unsafe fn lookup_raw(&self, key: u64) -> *mut Header {
+        // SAFETY: the caller's read guard (this function's contract).
+        unsafe { self.lookup_then(key, NonNull::as_ptr, ptr::null_mut) }
     }
 
     /// [`RawIndex::lookup_raw`] that hands a live record to `found` and
     /// calls `absent` otherwise (see [`table::lookup_chain`]): `get`
     /// turns the record into its values' slice on the found path alone,
     /// without testing the pointer for null again.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds a read guard for the call, and for as long as it
+    /// uses a record `found` hands on.
     #[inline(always)]
-    fn lookup_then<R>(
+    unsafe fn lookup_then<R>(
         &self,
         key: u64,
         found: impl FnOnce(NonNull<Header>) -> R,
@@ -329,10 +345,11 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     ) -> R {
         // A key other than 0: one inline copy of the plain lookup.
         if key != 0 {
-            // SAFETY: `key` is not 0.
+            // SAFETY: `key` is not 0; the caller holds a read guard.
             return unsafe { self.lookup_nonzero_then(key, found, absent) };
         }
-        self.lookup_zero(found, absent)
+        // SAFETY: the caller holds a read guard.
+        unsafe { self.lookup_zero(found, absent) }
     }
 
     /// [`RawIndex::lookup_then`] for a key known not to be 0.
@@ -358,13 +375,18 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
 
     /// [`RawIndex::lookup_then`] for key 0, kept in each table's `zero`
     /// slot: out of line, so the inline path is the nonzero one.
+    ///
+    /// # Safety
+    ///
+    /// As for [`RawIndex::lookup_then`].
     #[inline(never)]
-    fn lookup_zero<R>(
+    unsafe fn lookup_zero<R>(
         &self,
         found: impl FnOnce(NonNull<Header>) -> R,
         absent: impl FnOnce() -> R,
     ) -> R {
-        self.lookup_chain_then(0, Table::lookup, found, absent)
+        // SAFETY: the caller holds a read guard.
+        unsafe { self.lookup_chain_then(0, Table::lookup, found, absent) }
     }
 
     /// Publishes `fresh` as the root table (`Release`, pairing with the
@@ -378,10 +400,13 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
 
     /// The record of `key` from the tables, handed to `found` as in
     /// [`RawIndex::lookup_then`], with `step` the lookup in one table
-    /// ([`Table::lookup_nonzero`] only for a key that is not 0). The
-    /// caller holds a read guard.
+    /// ([`Table::lookup_nonzero`] only for a key that is not 0).
+    ///
+    /// # Safety
+    ///
+    /// As for [`RawIndex::lookup_then`].
     #[inline(always)]
-    fn lookup_chain_then<R>(
+    unsafe fn lookup_chain_then<R>(
         &self,
         key: u64,
         step: impl Fn(&Table, u64) -> *mut Header,
@@ -404,15 +429,14 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// The caller holds a read guard for `'g`, and `self` outlives `'g`.
     #[inline(always)]
     pub(crate) unsafe fn get<'g>(&self, key: u64) -> &'g [V] {
-        self.lookup_then(
-            key,
-            |rec| {
-                // SAFETY: a live record of `V`s, kept alive by the caller's
-                // guard.
-                unsafe { RecordPtr::<V>::from_raw(rec.as_ptr()).values() }
-            },
-            || &[],
-        )
+        let found = |rec: NonNull<Header>| {
+            // SAFETY: a live record of `V`s, kept alive by the caller's
+            // guard.
+            unsafe { RecordPtr::<V>::from_raw(rec.as_ptr()).values() }
+        };
+        // SAFETY: the caller holds a read guard for `'g`, over the call
+        // and the slice's use.
+        unsafe { self.lookup_then(key, found, || &[]) }
     }
 
     /// [`RawIndex::get`] for a key known not to be 0.
@@ -437,7 +461,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     ///
     /// As for [`RawIndex::get`].
     pub(crate) unsafe fn get_with_ids<'g>(&self, key: u64) -> (&'g [u64], &'g [V]) {
-        let rec = self.lookup_raw(key);
+        // SAFETY: the caller holds a read guard for `'g`.
+        let rec = unsafe { self.lookup_raw(key) };
         if rec.is_null() {
             return (&[], &[]);
         }
@@ -455,9 +480,14 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         (i, &self.stripes[i])
     }
 
-    /// `key`'s live slot and record, anywhere in the chain. Caller holds
-    /// `key`'s stripe lock and a read guard.
-    fn locate(&self, key: u64) -> Option<(&Slot, RecordPtr<V>)> {
+    /// `key`'s live slot and record, anywhere in the chain.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `key`'s stripe lock and a read guard, and uses the
+    /// slot and record only while it holds both: the guard keeps the
+    /// tables allocated, the lock keeps the record in its slot.
+    unsafe fn locate(&self, key: u64) -> Option<(&Slot, RecordPtr<V>)> {
         // Acquire: pairs with the Release store that published this root
         // (the migration's swap, `clear`, the first table); the table is initialised.
         let mut t = self.root.ptr.load(Ordering::Acquire);
@@ -484,7 +514,14 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
 
     /// The last table of the chain. With any stripe lock held it has no
     /// future and keeps none until the lock is released.
-    fn newest(&self) -> &Table {
+    ///
+    /// # Safety
+    ///
+    /// The caller holds a read guard, and the returned table does not
+    /// outlive it (the lifetime ties it to `self` only): a table replaced
+    /// by a migration is freed a grace period later. Under a stripe lock
+    /// or `resize` it stays the newest until the lock is released.
+    unsafe fn newest(&self) -> &Table {
         // Acquire: pairs with the Release store that published this root
         // (the migration's swap, `clear`, the first table); the table is initialised.
         let mut t = self.root.ptr.load(Ordering::Acquire);
@@ -511,7 +548,12 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// Gives back one reference to `rec` (a slot's it was just unlinked
     /// from, or a writer's) and, when it was the last, retires it: freed
     /// after a grace period.
-    fn retire_record(&self, rec: RecordPtr<V>) {
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the reference it gives back (no slot holds it any
+    /// more, or it is a writer's own), and gives it back once.
+    unsafe fn retire_record(&self, rec: RecordPtr<V>) {
         // SAFETY: the caller holds the reference it gives back.
         if !unsafe { rec.release() } {
             return;
@@ -598,7 +640,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let guard = rcu::read_lock();
         let (si, stripe) = self.stripe(key);
         let mut st = lock(&stripe.lock);
-        let r = self.insert_group_locked(si, stripe, &mut st, key, next, n);
+        // SAFETY: `guard` and `st`, stripe `si`'s lock, are held.
+        let r = unsafe { self.insert_group_locked(si, stripe, &mut st, key, next, n) };
         drop(st);
         drop(guard);
         self.after_insert_group(&r);
@@ -614,10 +657,16 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         }
     }
 
-    /// The body of a group insert. Caller holds a read guard and stripe
-    /// `si`'s lock (`st`). Publishes, bumps the hit-cache generation and
-    /// retires the replaced record; resizes are left to the caller.
-    fn insert_group_locked(
+    /// The body of a group insert. Publishes, bumps the hit-cache
+    /// generation and retires the replaced record; resizes are left to the
+    /// caller.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds a read guard and stripe `si`'s lock (`stripe` is
+    /// `self.stripes[si]`, `st` its state) and `key` belongs to that
+    /// stripe.
+    unsafe fn insert_group_locked(
         &self,
         si: usize,
         stripe: &Stripe,
@@ -626,14 +675,22 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         next: &mut dyn FnMut() -> V,
         n: usize,
     ) -> Result<Option<Group>, Error> {
-        let found = self.locate(key);
-        self.insert_group_at(si, stripe, st, key, found, next, n)
+        // SAFETY: the caller holds `key`'s stripe lock and a read guard.
+        unsafe {
+            let found = self.locate(key);
+            self.insert_group_at(si, stripe, st, key, found, next, n)
+        }
     }
 
     /// [`RawIndex::insert_group_locked`] with `key`'s live slot and record
-    /// already located (`locate`, under the same lock hold).
+    /// already located.
+    ///
+    /// # Safety
+    ///
+    /// As for [`RawIndex::insert_group_locked`], and `found` is what
+    /// `locate(key)` returned under the same hold of the lock and guard.
     #[allow(clippy::too_many_arguments)]
-    fn insert_group_at(
+    unsafe fn insert_group_at(
         &self,
         si: usize,
         stripe: &Stripe,
@@ -662,24 +719,29 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             // because only a writer holding this stripe's lock, as we do,
             // can unlink it.
             let delta = unsafe { new.bytes() as isize - old.private_bytes() };
-            stripe.account(n as isize, 0, delta);
+            // SAFETY: the caller holds this stripe's lock.
+            unsafe { stripe.account(n as isize, 0, delta) };
             self.bump();
-            self.retire_record(old);
+            // SAFETY: `old` was unlinked from its slot above, whose
+            // reference we give back.
+            unsafe { self.retire_record(old) };
             return Ok(Some(Group {
                 first,
                 claimed: false,
                 long_probe: false,
             }));
         }
-        let Some((slot, long_probe)) = self.claim_new(st, key)? else {
+        // SAFETY: the caller holds `key`'s stripe lock (`st`) and a read
+        // guard, and `key` has no live slot (`found` is `None`).
+        let Some((slot, long_probe)) = (unsafe { self.claim_new(st, key) })? else {
             return Ok(None);
         };
         let new = RecordPtr::<V>::build(n, (0..n).map(|i| (ids(i), next())));
         st.next_seq += n as u64;
         Self::publish(slot, new.into_raw());
         // SAFETY: `new` is live: only a writer holding this stripe's lock,
-        // as we do, can unlink it.
-        stripe.account(n as isize, 1, unsafe { new.bytes() } as isize);
+        // as we do, can unlink it; `account` needs that lock too.
+        unsafe { stripe.account(n as isize, 1, new.bytes() as isize) };
         self.bump();
         Ok(Some(Group {
             first,
@@ -689,12 +751,22 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     }
 
     /// Claims a slot in the newest table for `key`, which has no live
-    /// slot: the caller holds its stripe's lock (`st`) and a read guard,
-    /// and publishes the key's record there. `Ok(None)`: the table has no
-    /// room. The flag: the key landed far from its home (ask for a
-    /// rehash).
-    fn claim_new(&self, st: &mut StripeState, key: u64) -> Result<Option<(&Slot, bool)>, Error> {
-        let table = self.newest();
+    /// slot; the caller publishes the key's record there. `Ok(None)`: the
+    /// table has no room. The flag: the key landed far from its home (ask
+    /// for a rehash).
+    ///
+    /// # Safety
+    ///
+    /// The caller holds `key`'s stripe lock (`st` is its state) and a read
+    /// guard, and uses the slot only while it holds both.
+    unsafe fn claim_new(
+        &self,
+        st: &mut StripeState,
+        key: u64,
+    ) -> Result<Option<(&Slot, bool)>, Error> {
+        // SAFETY: the caller's read guard outlives `table`'s use here; the
+        // stripe lock keeps it the newest table.
+        let table = unsafe { self.newest() };
         // Claim credits: a stripe reserves claims in the newest table a
         // batch at a time (`credit_batch`) and spends them under its lock,
         // so most claims touch no shared counter; a reservation of one per
@@ -747,7 +819,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         }
         let _guard = rcu::read_lock();
         let st = lock(&stripe.lock);
-        let (slot, old) = self.locate(key).ok_or(Error::NotFound)?;
+        // SAFETY: `_guard` and `key`'s stripe lock (`st`) are held while
+        // the slot and record are used.
+        let (slot, old) = unsafe { self.locate(key) }.ok_or(Error::NotFound)?;
         // SAFETY: `old` is live under our guard.
         let (old_ids, old_vals) = unsafe { (old.ids(), old.values()) };
         let gone = old_ids.iter().filter(|id| ids.contains(id)).count();
@@ -776,11 +850,14 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         };
         // SAFETY: `old` is live under our guard.
         let old_bytes = unsafe { old.private_bytes() };
-        stripe.account(
-            -(gone as isize),
-            -isize::from(left == 0),
-            new_bytes as isize - old_bytes,
-        );
+        // SAFETY: we hold the stripe's lock (`st`).
+        unsafe {
+            stripe.account(
+                -(gone as isize),
+                -isize::from(left == 0),
+                new_bytes as isize - old_bytes,
+            )
+        };
         drop(st);
         self.bump();
         Ok(old)
@@ -789,7 +866,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// Removes entry `id` of `key`; its value is dropped after a grace period.
     pub(crate) fn remove(&self, key: u64, id: u64) -> Result<(), Error> {
         let old = self.unlink(key, &[id])?;
-        self.retire_record(old);
+        // SAFETY: `unlink` unlinked `old` from its slot and hands us the
+        // slot's reference.
+        unsafe { self.retire_record(old) };
         self.after_write(0);
         Ok(())
     }
@@ -808,7 +887,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             let (ids, values) = unsafe { (old.ids(), old.values()) };
             let pos = ids.iter().position(|&x| x == id);
             let v = values[pos.expect("the unlinked record held the id")].clone();
-            self.retire_record(old);
+            // SAFETY: the unlinked slot's reference, which `unlink` handed
+            // us, given back once.
+            unsafe { self.retire_record(old) };
             rcu::synchronize();
             return Ok(v);
         }
@@ -831,18 +912,23 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let (_, stripe) = self.stripe(key);
         let guard = rcu::read_lock();
         let st = lock(&stripe.lock);
-        let Some((slot, old)) = self.locate(key) else {
+        // SAFETY: `guard` and `key`'s stripe lock (`st`) are held while the
+        // slot and record are used.
+        let Some((slot, old)) = (unsafe { self.locate(key) }) else {
             return 0;
         };
         Self::publish(slot, ptr::null_mut());
         self.release_addr();
         // SAFETY: `old` is live under our guard.
         let (n, bytes) = unsafe { (old.len(), old.private_bytes()) };
-        stripe.account(-(n as isize), -1, -bytes);
+        // SAFETY: we hold the stripe's lock (`st`).
+        unsafe { stripe.account(-(n as isize), -1, -bytes) };
         drop(st);
         drop(guard);
         self.bump();
-        self.retire_record(old);
+        // SAFETY: `old` was unlinked from its slot above, whose reference
+        // we give back.
+        unsafe { self.retire_record(old) };
         self.after_write(0);
         n
     }
@@ -932,11 +1018,6 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // `guard` holds open. Acquire: pairs with the Release store that
         // published the root; its contents are visible.
         unsafe { &*self.root.ptr.load(Ordering::Acquire) }
-    }
-
-    /// The root table, for iteration. Caller holds a read guard.
-    pub(crate) fn root_table(&self) -> *const Table {
-        self.root.ptr.load(Ordering::Acquire)
     }
 }
 
@@ -1049,7 +1130,8 @@ impl<V> RawIter<V> {
             if self.table.is_null() {
                 return None;
             }
-            // SAFETY: the caller's guard keeps the chain allocated.
+            // SAFETY: the read guard that `new`'s caller holds while it
+            // uses the iterator keeps the chain allocated.
             let table = unsafe { &*self.table };
             if self.next > table.slot_count() {
                 // Acquire: pairs with the Release store of the future in `attach`;

@@ -156,7 +156,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // the new table is initialised.
         if !root.future.load(Ordering::Acquire).is_null() {
             let budget = st.budget.saturating_mul(claims.max(1));
-            self.migrate(&mut st, budget);
+            self.migrate(&mut st, budget, &guard);
             return;
         }
         if !root.has_room(0, GROW_AT) {
@@ -255,10 +255,11 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// Bulk presizing: with room for `extra` new keys, grow once to the
     /// final size rather than several times on the way.
     pub(super) fn presize(&self, extra: usize) {
-        let _guard = rcu::read_lock();
-        let newest = self.newest();
+        let guard = rcu::read_lock();
+        // SAFETY: `guard` is held, and `newest` is not used after it goes.
+        let newest = unsafe { self.newest() };
         if !newest.has_room(extra, GROW_AT) {
-            drop(_guard);
+            drop(guard);
             self.grow_blocking(extra, true);
         }
     }
@@ -271,12 +272,13 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             if root.future.load(Ordering::Acquire).is_null() {
                 return;
             }
-            self.migrate(st, usize::MAX);
+            self.migrate(st, usize::MAX, guard);
         }
     }
 
-    /// Attaches a new table of (at least) `capacity` slots to the root.
-    /// Caller holds `resize`; no migration is in progress.
+    /// Attaches a new table of (at least) `capacity` slots to the root,
+    /// if no migration is in progress. `st` is the state under `resize`,
+    /// whose guard the caller holds.
     ///
     /// Load bound: the new table holds at least twice the live keys, and at
     /// least 1/64 of the old capacity. Callers size it from a count of live
@@ -359,12 +361,14 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     }
 
     /// Migrates up to `budget` slots of the root into its future; swaps the
-    /// root when done. Caller holds `resize` and a read guard.
-    fn migrate(&self, st: &mut ResizeState, budget: usize) {
+    /// root when done. `st` is the state under `resize`, whose guard the
+    /// caller holds.
+    fn migrate(&self, st: &mut ResizeState, budget: usize, _guard: &ReadGuard) {
         // Acquire: pairs with the Release store that published this root
         // (the migration's swap, `clear`, the first table); the table is initialised.
         let old_ptr = self.root.ptr.load(Ordering::Acquire);
-        // SAFETY: root is live (caller's guard).
+        // SAFETY: root is live while `_guard` holds the read-side section
+        // open (a replaced root is retired a grace period after its swap).
         let old = unsafe { &*old_ptr };
         // Acquire: pairs with the Release store of the future in `attach`;
         // the new table is initialised.
@@ -422,7 +426,10 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 }
                 for &(k, rec) in &live[..n] {
                     let (key, slot) = old.slot_at(k);
-                    let (new_slot, is_fresh) = new.claim_exclusive(key);
+                    // SAFETY: every stripe lock is held (`stripes`), so no
+                    // writer claims in `new` meanwhile, and the `resize`
+                    // lock (`st`) keeps other migrators out.
+                    let (new_slot, is_fresh) = unsafe { new.claim_exclusive(key) };
                     fresh += usize::from(is_fresh);
                     // New slot first, then MOVED (module docs): a reader that
                     // sees MOVED finds the record in `new`.
@@ -547,7 +554,9 @@ mod tests {
         let mut st = lock(&stripe.lock);
         let mut claimed = 0;
         for k in 100..110u64 {
-            match index.insert_group_locked(0, stripe, &mut st, k, &mut || k, 1) {
+            // SAFETY: `guard` and stripe 0's lock (`st`) are held, and the
+            // index has one stripe (`config`), so every key is stripe 0's.
+            match unsafe { index.insert_group_locked(0, stripe, &mut st, k, &mut || k, 1) } {
                 Ok(Some(g)) => claimed += usize::from(g.claimed),
                 Ok(None) => break,
                 Err(e) => panic!("{e}"),
@@ -612,7 +621,8 @@ mod tests {
         {
             let mut st = lock(&index.resize);
             let guard = rcu::read_lock();
-            let cap = index.newest().capacity();
+            // SAFETY: `guard` is held; the table is used only here.
+            let cap = unsafe { index.newest() }.capacity();
             index.attach(&mut st, cap, Seed::Keep, &guard);
         }
         index.request_rehash();

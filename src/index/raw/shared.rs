@@ -30,6 +30,8 @@ use crate::rcu;
 use crate::sync::Ordering;
 
 /// The references a shared operation holds, given back when it ends.
+/// Invariant: `fresh` and every record in `memo` (found and built) each
+/// stand for one reference the operation took and has not given back.
 struct Held<'a, V: Clone + Send + Sync + 'static> {
     index: &'a RawIndex<V>,
     /// The insert's record for addresses that had no values.
@@ -41,13 +43,17 @@ struct Held<'a, V: Clone + Send + Sync + 'static> {
 
 impl<V: Clone + Send + Sync + 'static> Drop for Held<'_, V> {
     fn drop(&mut self) {
-        if let Some(rec) = self.fresh.take() {
-            self.index.retire_record(rec);
-        }
-        for (_, (old, new)) in self.memo.drain() {
-            self.index.retire_record(old);
-            if let Some(new) = new {
-                self.index.retire_record(new);
+        // SAFETY: each is a reference the operation took (`Held`'s
+        // invariant), taken out of `self`, so given back once.
+        unsafe {
+            if let Some(rec) = self.fresh.take() {
+                self.index.retire_record(rec);
+            }
+            for (_, (old, new)) in self.memo.drain() {
+                self.index.retire_record(old);
+                if let Some(new) = new {
+                    self.index.retire_record(new);
+                }
             }
         }
     }
@@ -67,7 +73,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let guard = rcu::read_lock();
         let new_keys = order
             .iter()
-            .filter(|&&k| self.lookup_raw(k).is_null())
+            // SAFETY: `guard` is held; only the pointer's nullness is used.
+            .filter(|&&k| unsafe { self.lookup_raw(k) }.is_null())
             .count();
         drop(guard);
         if let Some(max) = self.config.max_addresses {
@@ -129,7 +136,11 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             let mut stopped = None;
             let end = (*done + BULK_RUN).min(order.len());
             while *done < end && stripe_of(order[*done], self.stripe_mask) == si {
-                match self.share_at(stripe, &mut st, order[*done], id, value, &mut held) {
+                // SAFETY: `guard` and stripe `si`'s lock (`st`), the key's,
+                // are held.
+                let r =
+                    unsafe { self.share_at(stripe, &mut st, order[*done], id, value, &mut held) };
+                match r {
                     Ok(Some((claimed, long))) => {
                         claims += usize::from(claimed);
                         long_probe |= long;
@@ -154,11 +165,15 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         Ok(())
     }
 
-    /// Attaches `value` (id `id`) at `key`, whose stripe's lock the caller
-    /// holds (`st`), inside a read guard. `Ok(None)`: no room for a new
+    /// Attaches `value` (id `id`) at `key`. `Ok(None)`: no room for a new
     /// address. Otherwise whether a slot was claimed, and whether it
     /// landed far from home.
-    fn share_at(
+    ///
+    /// # Safety
+    ///
+    /// The caller holds a read guard and `key`'s stripe lock (`stripe` is
+    /// that stripe, `st` its state).
+    unsafe fn share_at(
         &self,
         stripe: &Stripe,
         st: &mut StripeState,
@@ -167,8 +182,10 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         value: &V,
         held: &mut Held<'_, V>,
     ) -> Result<Option<(bool, bool)>, Error> {
-        let Some((slot, old)) = self.locate(key) else {
-            let Some((slot, long_probe)) = self.claim_new(st, key)? else {
+        // SAFETY: the caller holds `key`'s stripe lock and a read guard.
+        let Some((slot, old)) = (unsafe { self.locate(key) }) else {
+            // SAFETY: as for `locate`; `key` has no live slot.
+            let Some((slot, long_probe)) = (unsafe { self.claim_new(st, key) })? else {
                 return Ok(None);
             };
             let fresh = *held.fresh.get_or_insert_with(|| {
@@ -181,7 +198,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             // SAFETY: the operation holds a reference (`held`).
             unsafe { fresh.acquire() };
             Self::publish(slot, fresh.into_raw());
-            stripe.account(1, 1, 0);
+            // SAFETY: the caller holds this stripe's lock.
+            unsafe { stripe.account(1, 1, 0) };
             self.bump();
             return Ok(Some((true, long_probe)));
         };
@@ -213,10 +231,13 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         // SAFETY: the operation holds a reference (`held`).
         unsafe { new.acquire() };
         Self::publish(slot, new.into_raw());
-        // SAFETY: `old` is live: the operation holds a reference.
-        stripe.account(1, 0, -unsafe { old.private_bytes() });
+        // SAFETY: `old` is live: the operation holds a reference; the
+        // caller holds this stripe's lock, as `account` needs.
+        unsafe { stripe.account(1, 0, -old.private_bytes()) };
         self.bump();
-        self.retire_record(old);
+        // SAFETY: `old` was unlinked from `key`'s slot above: the slot's
+        // reference, given back once (the operation's own is in `held`).
+        unsafe { self.retire_record(old) };
         Ok(Some((false, false)))
     }
 
@@ -239,7 +260,9 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 let guard = rcu::read_lock();
                 let st = lock(&stripe.lock);
                 for &key in keys {
-                    removed += usize::from(self.unshare_at(stripe, key, id, &mut held));
+                    // SAFETY: `guard` and stripe `si`'s lock (`st`), the
+                    // key's, are held.
+                    removed += usize::from(unsafe { self.unshare_at(stripe, key, id, &mut held) });
                 }
                 drop(st);
                 drop(guard);
@@ -252,10 +275,21 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         removed
     }
 
-    /// Detaches the value `id` from `key`, whose stripe's lock the caller
-    /// holds, inside a read guard; whether it was there.
-    fn unshare_at(&self, stripe: &Stripe, key: u64, id: u64, held: &mut Held<'_, V>) -> bool {
-        let Some((slot, old)) = self.locate(key) else {
+    /// Detaches the value `id` from `key`; whether it was there.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds a read guard and `key`'s stripe lock (`stripe` is
+    /// that stripe).
+    unsafe fn unshare_at(
+        &self,
+        stripe: &Stripe,
+        key: u64,
+        id: u64,
+        held: &mut Held<'_, V>,
+    ) -> bool {
+        // SAFETY: the caller holds `key`'s stripe lock and a read guard.
+        let Some((slot, old)) = (unsafe { self.locate(key) }) else {
             return false;
         };
         let new = match held.memo.get(&old.into_raw()) {
@@ -295,16 +329,20 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 // SAFETY: the operation holds a reference (`held`).
                 unsafe { new.acquire() };
                 Self::publish(slot, new.into_raw());
-                stripe.account(-1, 0, -old_bytes);
+                // SAFETY: the caller holds this stripe's lock.
+                unsafe { stripe.account(-1, 0, -old_bytes) };
             }
             None => {
                 Self::publish(slot, std::ptr::null_mut());
                 self.release_addr();
-                stripe.account(-1, -1, -old_bytes);
+                // SAFETY: the caller holds this stripe's lock.
+                unsafe { stripe.account(-1, -1, -old_bytes) };
             }
         }
         self.bump();
-        self.retire_record(old);
+        // SAFETY: `old` was unlinked from `key`'s slot above: the slot's
+        // reference, given back once (the operation's own is in `held`).
+        unsafe { self.retire_record(old) };
         true
     }
 }

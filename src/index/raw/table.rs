@@ -434,7 +434,9 @@ impl Table {
     /// Returns the slot, the probe distance of a new claim (0 when the slot
     /// existed) and whether the slot is fresh (the reservation is spent).
     pub(crate) fn claim(&self, key: u64) -> (&Slot, usize, bool) {
-        self.claim_inner(key, false)
+        // SAFETY: not exclusive: the claim is a CAS, atomic against other
+        // claimers.
+        unsafe { self.claim_inner(key, false) }
     }
 
     /// Finds or claims `key`'s slot with plain stores, for a migration: the
@@ -443,15 +445,27 @@ impl Table {
     /// here: the migrator adds its fresh claims with [`Table::add_claims`]
     /// before it releases the locks, which is before any other writer can
     /// read the count. Returns the slot and whether it is fresh.
+    ///
+    /// # Safety
+    ///
+    /// No other thread claims in this table during the call: the caller
+    /// holds every stripe lock of the index the table belongs to. Two
+    /// claimers could otherwise both take one empty slot, each for its own
+    /// key, and publish records over each other's.
     #[inline]
-    pub(crate) fn claim_exclusive(&self, key: u64) -> (&Slot, bool) {
-        let (slot, _, fresh) = self.claim_inner(key, true);
+    pub(crate) unsafe fn claim_exclusive(&self, key: u64) -> (&Slot, bool) {
+        // SAFETY: the caller's contract: no other claimer runs.
+        let (slot, _, fresh) = unsafe { self.claim_inner(key, true) };
         (slot, fresh)
     }
 
     /// [`Table::claim`], or with `exclusive` [`Table::claim_exclusive`].
+    ///
+    /// # Safety
+    ///
+    /// With `exclusive`, as for [`Table::claim_exclusive`].
     #[inline(always)]
-    fn claim_inner(&self, key: u64, exclusive: bool) -> (&Slot, usize, bool) {
+    unsafe fn claim_inner(&self, key: u64, exclusive: bool) -> (&Slot, usize, bool) {
         if key == 0 {
             return (&self.zero, 0, false);
         }
@@ -469,8 +483,7 @@ impl Table {
                 // published with Release later); readers may load the key
                 // concurrently and see 0 or `key`, both valid.
                 if exclusive {
-                    // No other claimer runs (the caller holds every stripe
-                    // lock).
+                    // No other claimer runs (this function's contract).
                     slot.key.store(key, Ordering::Relaxed);
                     return (slot, dist, true);
                 }
@@ -652,7 +665,8 @@ mod loom_tests {
                 stripe: Mutex::new(()),
             });
             let r1 = rec(1);
-            let (slot, _) = t.old.claim_exclusive(KEY);
+            // SAFETY: no other thread runs yet.
+            let (slot, _) = unsafe { t.old.claim_exclusive(KEY) };
             slot.rec.store(r1, Ordering::Release);
             // Attachment (single-threaded here, as under every stripe lock).
             let new_ptr = &*t.new as *const Table as *mut Table;
@@ -668,7 +682,9 @@ mod loom_tests {
                 );
                 let r = slot.rec.load(Ordering::Acquire);
                 if is_live(r) {
-                    let (ns, _) = m.new.claim_exclusive(KEY);
+                    // SAFETY: the model's one stripe lock (`_g`) is held;
+                    // every claimer in the model takes it.
+                    let (ns, _) = unsafe { m.new.claim_exclusive(KEY) };
                     ns.rec.store(r, Ordering::Release);
                     slot.rec.store(moved(), Ordering::Release);
                 }
