@@ -272,7 +272,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             resize: CachePadded(Mutex::new(ResizeState {
                 cursor: 0,
                 budget: MIGRATE_CHUNK,
-                generation: 1,
+                tables: 1,
             })),
             limited_addrs: CachePadded(AtomicUsize::new(0)),
             resizes: AtomicU64::new(0),
@@ -657,8 +657,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         }
     }
 
-    /// The body of a group insert. Publishes, bumps the hit-cache
-    /// generation and retires the replaced record; resizes are left to the
+    /// The body of a group insert. Publishes, advances the write
+    /// sequence and retires the replaced record; resizes are left to the
     /// caller.
     ///
     /// # Safety
@@ -938,10 +938,10 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let mut st = lock(&self.resize);
         let fresh = Box::into_raw(Table::new(
             self.config.min_capacity,
-            table_seed(self.config.seed, st.generation),
+            table_seed(self.config.seed, st.tables),
             self.config.huge_pages,
         ));
-        st.generation += 1;
+        st.tables += 1;
         let stripes = self.lock_all_stripes();
         let old = self.publish_root(fresh);
         self.limited_addrs.store(0, Ordering::Relaxed);
@@ -1096,10 +1096,10 @@ impl<V> Drop for RawIndex<V> {
     }
 }
 
-/// The seed of the `generation`-th table of an index seeded with `seed`.
-fn table_seed(seed: u64, generation: u64) -> u64 {
-    // splitmix64 of (seed, generation): distinct, well-mixed per table.
-    let mut z = seed ^ generation.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+/// The seed of the `n`-th table of an index seeded with `seed`.
+fn table_seed(seed: u64, n: u64) -> u64 {
+    // splitmix64 of (seed, n): distinct, well-mixed per table.
+    let mut z = seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)

@@ -122,8 +122,8 @@ pub(super) struct ResizeState {
     /// new table pays one step, so the migration ends before the new table
     /// can fill (see `attach`).
     pub(super) budget: usize,
-    /// Tables created so far (feeds the per-table seed).
-    pub(super) generation: u64,
+    /// The table count: tables made so far (feeds the per-table seed).
+    pub(super) tables: u64,
 }
 
 impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
@@ -317,8 +317,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
         let seed = match seed {
             Seed::Fresh => {
                 self.rehashes.fetch_add(1, Ordering::Relaxed);
-                let s = table_seed(self.config.seed, st.generation);
-                st.generation += 1;
+                let s = table_seed(self.config.seed, st.tables);
+                st.tables += 1;
                 s
             }
             Seed::Keep => root.seed(),
