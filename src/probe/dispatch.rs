@@ -574,7 +574,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         let Some(at) = at else {
             // No exit handler, or its frame does not fit.
-            count(counters, a, Counter::Hits);
+            count(counters, a, Counter::Unkept);
             if fw > 0 {
                 count(counters, a, Counter::Depth);
             }
@@ -662,14 +662,14 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 continue;
             };
             // One count per hit: `Kept` for a hit that gets a return entry
-            // (it ends in `Exits` or `Unrun`), `Hits` for the others.
+            // (it ends in `Exits` or `Unrun`), `Unkept` for the others.
             let keep = match at {
                 Some(at) if a.frame_words > 0 => {
                     count(counters, a, Counter::Kept);
                     Some(at + used)
                 }
                 _ => {
-                    count(counters, a, Counter::Hits);
+                    count(counters, a, Counter::Unkept);
                     if a.frame_words > 0 {
                         count(counters, a, Counter::Depth);
                     }

@@ -66,14 +66,15 @@ pub struct ProbeStats {
 }
 
 /// Which counter of a probe slot. A call bumps them in order of its life:
-/// `Hits` or `Kept` at its entry, then the exit side's at its return.
+/// `Unkept` or `Kept` at its entry, then the exit side's at its return.
 /// [`Counters::add_to`] loads them from last to first and relies on that
 /// order.
 #[derive(Clone, Copy)]
 pub(super) enum Counter {
     /// The entry ran the probe and kept no return entry for it (the
-    /// probe's hits are `Hits + Kept`: one count per hit).
-    Hits,
+    /// probe's hits ([`ProbeStats::hits`]) are `Unkept + Kept`: one count
+    /// per hit).
+    Unkept,
     /// The entry ran the probe with a return entry for its exit handler,
     /// counted before the entry handler runs; the entry ends in exactly
     /// one of `Exits` and `Unrun`.
@@ -110,7 +111,7 @@ impl ProbeStats {
     pub(super) fn from_sums(now: &Sums, base: &Sums) -> Self {
         let c = |k: Counter| now[k as usize] - base[k as usize];
         Self {
-            hits: c(Counter::Hits) + c(Counter::Kept),
+            hits: c(Counter::Unkept) + c(Counter::Kept),
             exits: c(Counter::Exits),
             missed: Missed {
                 recursion: c(Counter::Recursion),
@@ -191,7 +192,7 @@ impl Counters {
     /// them. They run from the last counter to the first (each counter's
     /// nested bank before its outer one), so a count bumped later in a
     /// call's life ([`Counter::Exits`]) is loaded before one bumped earlier
-    /// ([`Counter::Hits`]): a reader never sees more exits than hits.
+    /// ([`Counter::Unkept`]): a reader never sees more exits than hits.
     pub(super) fn add_to(&self, slot: u32, sums: &mut Sums) {
         // Acquire, both: pair with the Release of `bump_unwound` (its
         // `bump_one`), as below; loaded first, as a count bumped at the
