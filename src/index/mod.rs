@@ -269,14 +269,12 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
     /// The caller is inside a read-side section for `'g`.
     #[inline(always)]
     unsafe fn values(&self, addr: u64) -> &[V] {
-        if addr > self.plain_above {
-            // SAFETY: the caller's section; `addr` is not 0.
-            return unsafe { self.raw.get_nonzero(addr) };
-        }
+        // The cache's bound is asked only past the index's own (with a
+        // cache); either way to one inline copy of the plain lookup.
         // SAFETY: the field's invariant.
-        let bound = unsafe { &*self.cache_bound };
+        let bound = || unsafe { &*self.cache_bound };
         // Relaxed: a hint (`HitCache::bound`).
-        if addr > bound.load(std::sync::atomic::Ordering::Relaxed) {
+        if addr > self.plain_above || addr > bound().load(std::sync::atomic::Ordering::Relaxed) {
             // SAFETY: the caller's section; `addr` is not 0.
             return unsafe { self.raw.get_nonzero(addr) };
         }
