@@ -583,6 +583,20 @@ mod loom_tests {
         })
     }
 
+    /// The writer, on a thread of its own (loom explores spawned threads):
+    /// unpublishes object 0, waits for a grace period and reclaims it, then
+    /// sets `done` (Release) if given.
+    fn reclaimer(w: Arc<World>, done: Option<Arc<AtomicBool>>) -> loom::thread::JoinHandle<()> {
+        loom::thread::spawn(move || {
+            w.current.store(1, Ordering::Release);
+            w.domain.synchronize();
+            w.freed[0].store(true, Ordering::Relaxed);
+            if let Some(done) = done {
+                done.store(true, Ordering::Release);
+            }
+        })
+    }
+
     /// A reader that entered before `synchronize` never sees its object
     /// reclaimed, whatever the interleaving.
     #[test]
@@ -601,13 +615,7 @@ mod loom_tests {
                 rec.exit();
                 r.domain.unregister(rec);
             });
-            // Writer: unpublish object 0, wait for a grace period, reclaim it.
-            // (Every role runs on a spawned thread: loom explores those.)
-            let writer = loom::thread::spawn(move || {
-                w.current.store(1, Ordering::Release);
-                w.domain.synchronize();
-                w.freed[0].store(true, Ordering::Relaxed);
-            });
+            let writer = reclaimer(w, None);
             reader.join().unwrap();
             writer.join().unwrap();
         });
@@ -630,10 +638,42 @@ mod loom_tests {
                 assert!(!r.freed[i].load(Ordering::Relaxed));
                 rec.exit();
             });
+            let writer = reclaimer(w, None);
+            reader.join().unwrap();
+            writer.join().unwrap();
+        });
+    }
+
+    /// Runs `reader` on one thread against a writer on another that
+    /// unpublishes object 0, waits for a grace period and "frees" it with
+    /// an exclusive write. The objects are loom cells, so loom reports any
+    /// read of object 0 that the free is not ordered after. `reader` gets
+    /// the domain, its own record, and `read`, which loads the current
+    /// object's index and reads the object.
+    fn against_reclaim(reader: fn(&Domain, &ReaderRecord, &dyn Fn() -> u64)) {
+        loom::model(move || {
+            let domain = Arc::new(Domain::new(FenceMode::Symmetric));
+            let current = Arc::new(AtomicUsize::new(0));
+            let objects = Arc::new([
+                crate::sync::UnsafeCell::new(1u64),
+                crate::sync::UnsafeCell::new(2u64),
+            ]);
+            let (d, c, o) = (domain.clone(), current.clone(), objects.clone());
+            let reader = loom::thread::spawn(move || {
+                let read = || {
+                    let i = c.load(Ordering::Acquire);
+                    // SAFETY: (model) a shared read of the object this
+                    // section loaded; loom checks it against the "free".
+                    o[i].with(|p| unsafe { *p })
+                };
+                reader(&d, d.register(), &read);
+            });
             let writer = loom::thread::spawn(move || {
-                w.current.store(1, Ordering::Release);
-                w.domain.synchronize();
-                w.freed[0].store(true, Ordering::Relaxed);
+                current.store(1, Ordering::Release);
+                domain.synchronize();
+                // SAFETY: (model) the grace period has ended every reader of
+                // object 0, which is what loom checks.
+                objects[0].with_mut(|p| unsafe { *p = 0 });
             });
             reader.join().unwrap();
             writer.join().unwrap();
@@ -643,84 +683,37 @@ mod loom_tests {
     /// A dispatch section (the probe layer's: `begin_dispatch`, with and
     /// inside a plain section) protects what it loads as a plain one
     /// does, across two dispatches in a row (as an entry, then its exit):
-    /// the "free" of the old object, a loom cell, comes after every read
-    /// of it. The canary build (no reader fence) must fail here too.
+    /// the "free" of the old object comes after every read of it. The
+    /// canary build (no reader fence) must fail here too.
     #[test]
     fn dispatch_sections_are_waited_for() {
-        loom::model(|| {
-            let domain = Arc::new(Domain::new(FenceMode::Symmetric));
-            let current = Arc::new(AtomicUsize::new(0));
-            let objects = Arc::new([
-                crate::sync::UnsafeCell::new(1u64),
-                crate::sync::UnsafeCell::new(2u64),
-            ]);
-            let (d, c, o) = (domain.clone(), current.clone(), objects.clone());
-            let reader = loom::thread::spawn(move || {
-                let rec = d.register();
-                for inside_guard in [false, true] {
-                    if inside_guard {
-                        rec.enter(&d.gp);
-                    }
-                    assert!(rec.begin_dispatch(&d.gp), "outermost dispatch");
-                    assert!(!rec.begin_dispatch(&d.gp), "a nested one is refused");
-                    let i = c.load(Ordering::Acquire);
-                    // SAFETY: (model) a shared read of the object this
-                    // section loaded; loom checks it against the "free".
-                    let v = o[i].with(|p| unsafe { *p });
-                    assert_ne!(v, 0, "reader saw a reclaimed object");
-                    rec.end_dispatch();
-                    if inside_guard {
-                        rec.exit();
-                    }
+        against_reclaim(|d, rec, read| {
+            for inside_guard in [false, true] {
+                if inside_guard {
+                    rec.enter(&d.gp);
                 }
-            });
-            let writer = loom::thread::spawn(move || {
-                current.store(1, Ordering::Release);
-                domain.synchronize();
-                // SAFETY: (model) the grace period has ended every reader of
-                // object 0, which is what loom checks.
-                objects[0].with_mut(|p| unsafe { *p = 0 });
-            });
-            reader.join().unwrap();
-            writer.join().unwrap();
+                assert!(rec.begin_dispatch(&d.gp), "outermost dispatch");
+                assert!(!rec.begin_dispatch(&d.gp), "a nested one is refused");
+                assert_ne!(read(), 0, "reader saw a reclaimed object");
+                rec.end_dispatch();
+                if inside_guard {
+                    rec.exit();
+                }
+            }
         });
     }
 
     /// A reader whose *earlier* section used the old object, and whose next
     /// section already shows the new epoch when the grace period scans it:
-    /// the reclaimer's write to the object must still happen after the read
-    /// (the object is a loom cell, so loom reports any unordered access).
+    /// the reclaimer's write to the object must still happen after the read.
     #[test]
     fn earlier_section_is_ordered_before_reclaim() {
-        loom::model(|| {
-            let domain = Arc::new(Domain::new(FenceMode::Symmetric));
-            let current = Arc::new(AtomicUsize::new(0));
-            let objects = Arc::new([
-                crate::sync::UnsafeCell::new(1u64),
-                crate::sync::UnsafeCell::new(2u64),
-            ]);
-            let (d, c, o) = (domain.clone(), current.clone(), objects.clone());
-            let reader = loom::thread::spawn(move || {
-                let rec = d.register();
-                for _ in 0..2 {
-                    rec.enter(&d.gp);
-                    let i = c.load(Ordering::Acquire);
-                    // SAFETY: (model) a shared read of the object this
-                    // section loaded; loom checks it against the "free".
-                    let _ = o[i].with(|p| unsafe { *p });
-                    rec.exit();
-                }
-            });
-            let writer = loom::thread::spawn(move || {
-                current.store(1, Ordering::Release);
-                domain.synchronize();
-                // "Free" object 0: an exclusive write.
-                // SAFETY: (model) the grace period has ended every reader of
-                // object 0, which is what loom checks.
-                objects[0].with_mut(|p| unsafe { *p = 0 });
-            });
-            reader.join().unwrap();
-            writer.join().unwrap();
+        against_reclaim(|d, rec, read| {
+            for _ in 0..2 {
+                rec.enter(&d.gp);
+                let _ = read();
+                rec.exit();
+            }
         });
     }
 
@@ -745,12 +738,7 @@ mod loom_tests {
                     rec.exit();
                 }
             });
-            let writer = loom::thread::spawn(move || {
-                w.current.store(1, Ordering::Release);
-                w.domain.synchronize();
-                w.freed[0].store(true, Ordering::Relaxed);
-                done.store(true, Ordering::Release);
-            });
+            let writer = reclaimer(w, Some(done));
             reader.join().unwrap();
             writer.join().unwrap();
         });
