@@ -36,6 +36,49 @@ impl<V: Clone + Send + Sync + 'static> Drop for RetireAll<'_, V> {
     }
 }
 
+/// What the writes of one bulk run (under one stripe lock) found, for
+/// [`RawIndex::after_bulk_run`].
+#[derive(Default)]
+pub(super) struct BulkRun {
+    /// Slots the run's writes claimed.
+    claims: usize,
+    /// A write landed far from its home slot.
+    long_probe: bool,
+    /// Why the run stopped early: no room (`Ok`, with the keys left to
+    /// place), or an error.
+    stopped: Option<Result<usize, Error>>,
+}
+
+impl BulkRun {
+    /// Takes one write's outcome: where it placed its key (`Some`; `claimed`
+    /// says whether it claimed a slot and whether it landed far, as a pair),
+    /// no room (`None`, with `left` keys still to place), or an error. Gives
+    /// the placement back while the run goes on, `None` once it stopped.
+    pub(super) fn take<P>(
+        &mut self,
+        r: Result<Option<P>, Error>,
+        left: usize,
+        claimed: impl FnOnce(&P) -> (bool, bool),
+    ) -> Option<P> {
+        match r {
+            Ok(Some(placed)) => {
+                let (claim, long) = claimed(&placed);
+                self.claims += usize::from(claim);
+                self.long_probe |= long;
+                Some(placed)
+            }
+            Ok(None) => {
+                self.stopped = Some(Ok(left));
+                None
+            }
+            Err(e) => {
+                self.stopped = Some(Err(e));
+                None
+            }
+        }
+    }
+}
+
 /// What a bulk insert needs to recognise an address repeated within the
 /// batch.
 #[derive(Default)]
@@ -220,8 +263,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                 // SAFETY: `guard` is held, and `table` is used only under
                 // it (this stripe run).
                 let table = unsafe { self.newest() };
-                let (mut claims, mut long_probe) = (0, false);
-                let mut stopped: Option<Result<usize, Error>> = None;
+                let mut run = BulkRun::default();
                 while j < end {
                     // The keys are known in advance: fetch the slot of a
                     // key a few places ahead while this one is inserted
@@ -246,27 +288,17 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
                     let r = unsafe {
                         self.insert_group_at(si, stripe, &mut st, keys[p], found, &mut next, 1)
                     };
-                    match r {
-                        Ok(Some(g)) => {
-                            ids[p] = g.first;
-                            inserted.push(p);
-                            claims += usize::from(g.claimed);
-                            long_probe |= g.long_probe;
-                            j += 1;
-                        }
-                        Ok(None) => {
-                            stopped = Some(Ok(bounds[si + 1] - j));
-                            break;
-                        }
-                        Err(e) => {
-                            stopped = Some(Err(e));
-                            break;
-                        }
-                    }
+                    let left = bounds[si + 1] - j;
+                    let Some(g) = run.take(r, left, |g| (g.claimed, g.long_probe)) else {
+                        break;
+                    };
+                    ids[p] = g.first;
+                    inserted.push(p);
+                    j += 1;
                 }
                 drop(st);
                 drop(guard);
-                if let Some(e) = self.after_bulk_run(claims, long_probe, stopped) {
+                if let Some(e) = self.after_bulk_run(run) {
                     return Err(e);
                 }
             }
@@ -298,19 +330,15 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             };
             drop(st);
             drop(guard);
-            let (claims, long_probe, stopped) = match r {
-                Ok(Some(g)) => {
-                    for (i, &p) in group.iter().enumerate() {
-                        ids[p] = g.first + ((i as u64) << STRIPE_ID_BITS);
-                        inserted.push(p);
-                    }
-                    j = end;
-                    (usize::from(g.claimed), g.long_probe, None)
+            let mut run = BulkRun::default();
+            if let Some(g) = run.take(r, deferred.len() - j, |g| (g.claimed, g.long_probe)) {
+                for (i, &p) in group.iter().enumerate() {
+                    ids[p] = g.first + ((i as u64) << STRIPE_ID_BITS);
+                    inserted.push(p);
                 }
-                Ok(None) => (0, false, Some(Ok(deferred.len() - j))),
-                Err(e) => (0, false, Some(Err(e))),
-            };
-            if let Some(e) = self.after_bulk_run(claims, long_probe, stopped) {
+                j = end;
+            }
+            if let Some(e) = self.after_bulk_run(run) {
                 return Err(e);
             }
         }
@@ -319,19 +347,14 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
 
     /// After a bulk insert releases a stripe lock: rehash, resize or grow
     /// as the run found; a run that stopped on an error hands it back.
-    pub(super) fn after_bulk_run(
-        &self,
-        claims: usize,
-        long_probe: bool,
-        stopped: Option<Result<usize, Error>>,
-    ) -> Option<Error> {
-        if long_probe {
+    pub(super) fn after_bulk_run(&self, run: BulkRun) -> Option<Error> {
+        if run.long_probe {
             self.request_rehash();
         }
-        if claims > 0 {
-            self.after_write(claims);
+        if run.claims > 0 {
+            self.after_write(run.claims);
         }
-        match stopped {
+        match run.stopped {
             None => None,
             // No room (a concurrent writer filled the table first): grow,
             // and the caller retries from the key that stopped.

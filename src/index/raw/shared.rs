@@ -22,7 +22,7 @@
 
 use std::collections::HashMap;
 
-use super::bulk::BULK_RUN;
+use super::bulk::{BULK_RUN, BulkRun};
 use super::record::{Header, RecordPtr};
 use super::{RawIndex, SHARED_ID, STRIPE_ID_BITS, Stripe, StripeState, lock, stripe_of};
 use crate::error::Error;
@@ -132,33 +132,21 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             let stripe = &*self.stripes[si];
             let guard = rcu::read_lock();
             let mut st = lock(&stripe.lock);
-            let (mut claims, mut long_probe) = (0, false);
-            let mut stopped = None;
+            let mut run = BulkRun::default();
             let end = (*done + BULK_RUN).min(order.len());
             while *done < end && stripe_of(order[*done], self.stripe_mask) == si {
                 // SAFETY: `guard` and stripe `si`'s lock (`st`), the key's,
                 // are held.
                 let r =
                     unsafe { self.share_at(stripe, &mut st, order[*done], id, value, &mut held) };
-                match r {
-                    Ok(Some((claimed, long))) => {
-                        claims += usize::from(claimed);
-                        long_probe |= long;
-                        *done += 1;
-                    }
-                    Ok(None) => {
-                        stopped = Some(Ok(order.len() - *done));
-                        break;
-                    }
-                    Err(e) => {
-                        stopped = Some(Err(e));
-                        break;
-                    }
+                if run.take(r, order.len() - *done, |&placed| placed).is_none() {
+                    break;
                 }
+                *done += 1;
             }
             drop(st);
             drop(guard);
-            if let Some(e) = self.after_bulk_run(claims, long_probe, stopped) {
+            if let Some(e) = self.after_bulk_run(run) {
                 return Err(e);
             }
         }
