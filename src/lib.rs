@@ -92,6 +92,7 @@ mod per_thread;
 pub mod probe;
 pub mod rcu;
 pub mod retinst;
+mod setters;
 mod sys;
 
 pub use cache::{HitCache, HitCacheConfig, HitCacheMode, HitCacheStats};

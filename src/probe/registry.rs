@@ -31,6 +31,7 @@ use crate::error::Error;
 use crate::index::AddrIndex;
 use crate::per_thread::{CacheSlot, PerThread};
 use crate::rcu;
+use crate::setters::setters;
 use crate::sync::unmodelled::{AtomicU64, Mutex};
 use crate::sync::{AtomicPtr, Ordering};
 
@@ -281,50 +282,37 @@ static REGISTRIES: AtomicU64 = AtomicU64::new(0);
 const GENERATIONS_PER_REGISTRY: u64 = 1 << 32;
 
 impl<C: Send + Sync + 'static> RegistryBuilder<C> {
-    /// Most probes registered at once (1..=65536).
-    pub fn max_probes(mut self, n: usize) -> Self {
-        self.max_probes = n;
-        self
-    }
+    setters! {
+        /// Most probes registered at once (1..=65536).
+        max_probes: usize;
 
-    /// Largest per-call data a probe may ask for, in bytes (at most
-    /// [`MAX_DATA_SIZE`]).
-    pub fn data_size(mut self, bytes: usize) -> Self {
-        self.data_size = bytes;
-        self
-    }
+        /// Largest per-call data a probe may ask for, in bytes (at most
+        /// [`MAX_DATA_SIZE`]).
+        data_size: usize;
 
-    /// Nesting depth each thread's shadow stack holds: at least this many
-    /// nested calls, each with a return probe of the full `data_size`
-    /// (calls that keep nothing for an exit take no room, at any depth).
-    /// Deeper calls still run their entry handlers; their exit handlers
-    /// are skipped and counted ([`Missed::depth`](super::Missed::depth)).
-    /// Each thread that dispatches takes `max_depth × (ceil(data_size /
-    /// 8) + 9)` words (a frame takes its data words and 6 more, 9 when
-    /// it took a return).
-    pub fn max_depth(mut self, depth: usize) -> Self {
-        self.max_depth = depth;
-        self
-    }
+        /// Nesting depth each thread's shadow stack holds: at least this many
+        /// nested calls, each with a return probe of the full `data_size`
+        /// (calls that keep nothing for an exit take no room, at any depth).
+        /// Deeper calls still run their entry handlers; their exit handlers
+        /// are skipped and counted ([`Missed::depth`](super::Missed::depth)).
+        /// Each thread that dispatches takes `max_depth × (ceil(data_size /
+        /// 8) + 9)` words (a frame takes its data words and 6 more, 9 when
+        /// it took a return).
+        max_depth: usize;
 
-    /// Addresses to presize the index for.
-    pub fn capacity(mut self, addresses: usize) -> Self {
-        self.capacity = addresses;
-        self
+        /// Addresses to presize the index for.
+        capacity: usize;
+
+        /// Whether the address index puts tables of 8 MiB and more on
+        /// transparent huge pages (see
+        /// [`AddrIndexBuilder::huge_pages`](crate::AddrIndexBuilder::huge_pages)).
+        huge_pages: bool;
     }
 
     /// Puts the recent-hit cache in front of the registry's index (see
     /// [`crate::cache`]).
     pub fn hit_cache(mut self, config: crate::HitCacheConfig) -> Self {
         self.hit_cache = Some(config);
-        self
-    }
-
-    /// Whether the address index puts tables of 8 MiB and more on
-    /// transparent huge pages (see
-    /// [`AddrIndexBuilder::huge_pages`](crate::AddrIndexBuilder::huge_pages)).
-    pub fn huge_pages(mut self, on: bool) -> Self {
-        self.huge_pages = on;
         self
     }
 

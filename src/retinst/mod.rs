@@ -95,6 +95,7 @@ use std::sync::Arc;
 use shadow::{PoolShared, StackView};
 
 use crate::objpool::{ObjPoolBuilder, ObjPoolError};
+use crate::setters::setters;
 use crate::sync::Ordering;
 
 /// The identity of a probe as a return instance records it: the exit path
@@ -313,43 +314,36 @@ impl Default for RetInstPoolBuilder {
 }
 
 impl RetInstPoolBuilder {
-    /// Number of preallocated instances, shared by all threads.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// assert!(fprobe::retinst::RetInstPool::builder().instances(0).build().is_err());
-    /// ```
-    pub fn instances(mut self, n: usize) -> Self {
-        self.instances = n;
-        self
-    }
+    setters! {
+        /// Number of preallocated instances, shared by all threads.
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// assert!(fprobe::retinst::RetInstPool::builder().instances(0).build().is_err());
+        /// ```
+        instances: usize;
 
-    /// Bytes of each instance's data area: the largest entry data any probe
-    /// will ask for.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let p = fprobe::retinst::RetInstPool::builder().data_size(0).build().unwrap();
-    /// assert_eq!(p.data_size(), 0);
-    /// ```
-    pub fn data_size(mut self, bytes: usize) -> Self {
-        self.data_size = bytes;
-        self
-    }
+        /// Bytes of each instance's data area: the largest entry data any probe
+        /// will ask for.
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// let p = fprobe::retinst::RetInstPool::builder().data_size(0).build().unwrap();
+        /// assert_eq!(p.data_size(), 0);
+        /// ```
+        data_size: usize;
 
-    /// Most in-flight instances per thread (recursion depth).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let p = fprobe::retinst::RetInstPool::builder().max_depth(3).build().unwrap();
-    /// assert_eq!(p.max_depth(), 3);
-    /// ```
-    pub fn max_depth(mut self, depth: usize) -> Self {
-        self.max_depth = depth;
-        self
+        /// Most in-flight instances per thread (recursion depth).
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// let p = fprobe::retinst::RetInstPool::builder().max_depth(3).build().unwrap();
+        /// assert_eq!(p.max_depth(), 3);
+        /// ```
+        max_depth: usize;
     }
 
     /// Magazine size of the underlying object pool
