@@ -534,6 +534,30 @@ impl<C: Send + Sync + 'static> Registry<C> {
         kept
     }
 
+    /// The probe `a` names, while it is registered and enabled; counts a
+    /// hit on a disabled one. Called inside the dispatch's read-side
+    /// section, which the probe outlives.
+    #[inline(always)]
+    fn live_probe(&self, counters: CounterView, a: &Attachment) -> Option<&super::def::Fprobe<C>> {
+        // SAFETY: `a.slot` indexes `self.slots` (`Attachment` invariant).
+        let slot = unsafe { self.slots.get_unchecked(a.slot as usize) };
+        // Acquire: pairs with the Release state store of
+        // `register_with_cookies`; the probe's fields are visible.
+        let s = slot.state.load(Ordering::Acquire);
+        if s != state(a.generation, true) {
+            if s == state(a.generation, false) {
+                count(counters, a, Counter::Disabled);
+            }
+            return None; // disabled, or being unregistered
+        }
+        // Relaxed: ordered by the Acquire above.
+        let p = slot.probe.load(Ordering::Relaxed);
+        // SAFETY: the generation matched inside our read section, so
+        // `unregister` has not passed its grace period, and it frees the
+        // probe only after it: the probe lives until we leave the section.
+        unsafe { p.as_ref() }
+    }
+
     /// The entry of one attachment: [`entry_frame`](Self::entry_frame)'s
     /// steps and counts, without the loop and the bookkeeping of several
     /// return entries. Returns what [`entry`](Self::entry) does.
@@ -550,20 +574,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         saved: u64,
         ctx: &C,
     ) -> u64 {
-        // SAFETY: `a.slot` indexes `self.slots` (`Attachment` invariant).
-        let slot = unsafe { self.slots.get_unchecked(a.slot as usize) };
-        // Acquire: as in `entry_frame`.
-        let s = slot.state.load(Ordering::Acquire);
-        if s != state(a.generation, true) {
-            if s == state(a.generation, false) {
-                count(counters, a, Counter::Disabled);
-            }
-            return 0;
-        }
-        // Relaxed: ordered by the Acquire above.
-        let p = slot.probe.load(Ordering::Relaxed);
-        // SAFETY: as in `entry_frame`.
-        let Some(p) = (unsafe { p.as_ref() }) else {
+        let Some(p) = self.live_probe(counters, a) else {
             return 0;
         };
         let header = if RET { HEADER + RETURN_WORDS } else { HEADER };
@@ -642,23 +653,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         let (mut used, mut n) = (0usize, 0u64);
         for a in attached {
-            // SAFETY: `a.slot` indexes `self.slots` (`Attachment` invariant).
-            let slot = unsafe { self.slots.get_unchecked(a.slot as usize) };
-            // Acquire: pairs with the Release state store of
-            // `register_with_cookies`; the probe's fields are visible.
-            let s = slot.state.load(Ordering::Acquire);
-            if s != state(a.generation, true) {
-                if s == state(a.generation, false) {
-                    count(counters, a, Counter::Disabled);
-                }
-                continue; // disabled, or being unregistered
-            }
-            // Relaxed: ordered by the Acquire above.
-            let p = slot.probe.load(Ordering::Relaxed);
-            // SAFETY: the generation matched inside our read section, so
-            // `unregister` has not passed its grace period, and it frees the
-            // probe only after it: the probe lives until we leave the section.
-            let Some(p) = (unsafe { p.as_ref() }) else {
+            let Some(p) = self.live_probe(counters, a) else {
                 continue;
             };
             // One count per hit: `Kept` for a hit that gets a return entry
