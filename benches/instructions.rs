@@ -5,12 +5,16 @@
 //! baseline `bench/instructions.baseline`; by hand:
 //!
 //! ```text
-//! cargo build --release --example instructions
+//! bin=$(scripts/bench-executable.sh instructions)   # cargo bench --bench instructions --no-run
 //! for m in none rcu lookup-hit lookup-miss kprobe kretprobe hitcache-hit objpool; do
 //!   env -i PATH=/usr/bin:/bin valgrind --tool=callgrind --callgrind-out-file=/dev/null \
-//!     target/release/examples/instructions $m 2>&1 | grep refs
+//!     "$bin" $m 2>&1 | grep refs
 //! done
 //! ```
+//!
+//! Run by `cargo bench` (which passes `--bench` and nothing else) it
+//! measures nothing, since the counts need callgrind: it says how to get
+//! them and exits.
 //!
 //! Modes (one operation each):
 //!
@@ -106,9 +110,18 @@ struct Setup {
 }
 
 fn main() {
-    let mode = std::env::args().nth(1).unwrap_or_else(|| "kprobe".into());
+    // `cargo bench` appends `--bench` to what follows its `--`.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    if args.is_empty() && std::env::args().any(|a| a == "--bench") {
+        println!("instructions: counts instructions under callgrind; run scripts/instructions.sh");
+        return;
+    }
+    let mode = args.first().cloned().unwrap_or_else(|| "kprobe".into());
     // A second argument `uniform` spreads the stream over every address.
-    let uniform = std::env::args().nth(2).as_deref() == Some("uniform");
+    let uniform = args.get(1).map(String::as_str) == Some("uniform");
     if !MODES.contains(&mode.as_str()) {
         eprintln!(
             "usage: instructions {} [uniform] (got {mode:?})",

@@ -10,15 +10,27 @@
 //! (default configuration, and always on); the first prints on stderr
 //! whether its switch ended on or off.
 //!
-//! `cargo run --release --example lookup_counts -- fprobe|fprobe-switched|fprobe-cached|hashbrown hot|uniform LOOKUPS [skip]`
-//! (the script passes the lookup count it divides by).
+//! `"$(scripts/bench-executable.sh lookup_counts)" fprobe|fprobe-switched|fprobe-cached|hashbrown hot|uniform LOOKUPS [skip]`
+//! (the script passes the lookup count it divides by), or
+//! `cargo bench --bench lookup_counts -- IMPLEMENTATION WORKLOAD LOOKUPS [skip]`.
+//! Run by `cargo bench` alone (which passes `--bench` and nothing else) it
+//! measures nothing, since the counts need cachegrind: it says how to get
+//! them and exits.
 
 use std::hint::black_box;
 
 use fprobe::{AddrIndex, HitCacheConfig, rcu};
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    // `cargo bench` appends `--bench` to what follows its `--`.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    if args.is_empty() && std::env::args().any(|a| a == "--bench") {
+        println!("lookup_counts: counts under cachegrind; run scripts/cachegrind-lookup.sh");
+        return;
+    }
     let (imp, work, lookups) = match (args.first(), args.get(1), args.get(2).map(|n| n.parse())) {
         (Some(i), Some(w), Some(Ok(n))) => (i.as_str(), w.as_str(), n),
         _ => {
