@@ -75,7 +75,6 @@ use std::time::Instant;
 
 use fprobe::rcu;
 
-use crate::Config;
 use crate::addrs::{self, Workload};
 use crate::churn::{
     ALTERNATION_HEADERS, Alternation, Churned, Fprobe, Gate, PAIRS, Pooled, SUMMARY_HEADERS,
@@ -83,8 +82,10 @@ use crate::churn::{
     churn_hot, churn_recycled, churning, idle, near_cutoff, or_dash, print_alternation_table,
     summary_cells,
 };
+use crate::config::Config;
 use crate::impls::{self, BATCH};
-use crate::report::{self, Row};
+use crate::report;
+use crate::row::Row;
 use crate::stats;
 
 /// A writer's cap in operations per second; `None`: flat out.

@@ -32,16 +32,17 @@
 //! operation, milliseconds each) runs past the end of its windows: its
 //! figures there understate its readers' loss.
 
-use crate::Config;
 use crate::addrs::{self, Workload};
 use crate::churn::{
     ALTERNATION_HEADERS, Alternation, Churned, Fprobe, Gate, PAIRS, Pooled, SUMMARY_HEADERS,
     Writes, alternating, alternation_cells, alternation_cutoff, alternation_rows, churn_disjoint,
     churn_hot, churning, idle, near_cutoff, or_dash, print_alternation_table, summary_cells,
 };
+use crate::config::Config;
 use crate::impls::{self, BATCH, LookupImpl};
+use crate::report;
 use crate::report::md;
-use crate::report::{self, Row};
+use crate::row::Row;
 use crate::stats;
 
 type Vals = Vec<u64>;

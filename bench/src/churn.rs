@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use fprobe::{AddrIndex, EntryId};
 
-use crate::Config;
+use crate::config::Config;
 use crate::harness::{self, Samples};
 use crate::impls::BATCH;
-use crate::report::{self, Row};
+use crate::report;
+use crate::row::Row;
 use crate::stats;
 
 /// A map whose readers a churn benchmark measures and whose writer churns
