@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fprobe::{AddrIndex, HitCacheConfig, rcu};
+use runner::stats;
 
 fn xorshift(x: &mut u64) -> u64 {
     *x ^= *x << 13;
@@ -119,7 +120,7 @@ fn rounds() -> usize {
 /// The median of the rounds' ratios `x[i] / base[i]` (a round's runs are
 /// adjacent, so they share the machine's drift).
 fn median_ratio(x: &[f64], base: &[f64]) -> f64 {
-    runner::median(x.iter().zip(base).map(|(x, b)| x / b).collect())
+    stats::median(&x.iter().zip(base).map(|(x, b)| x / b).collect::<Vec<_>>())
 }
 
 /// One index of each configuration the table compares, on one address set.
@@ -189,10 +190,10 @@ impl Indexes {
         let (rc, rp, ra, rb) = (ratio(&c), ratio(&p), ratio(&a), ratio(&b));
         let (ri, riw) = (ratio(&i), ratio(&iw));
         let (u, c, p, a) = (
-            runner::median(u),
-            runner::median(c),
-            runner::median(p),
-            runner::median(a),
+            stats::median(&u),
+            stats::median(&c),
+            stats::median(&p),
+            stats::median(&a),
         );
         println!(
             "| {label} | {trace} | {} | {u:.1} | {c:.1} | {rc:.2}× | {} | {} | {:.1}% | {p:.1} | {rp:.2}× | {a:.1} | {ra:.2}× | {ri:.2}× | {riw:.2}× | {rb:.2}× |",
@@ -419,9 +420,9 @@ fn chained_table(threads: &[usize], run: Duration) {
             }
             let (rw, ra) = (median_ratio(&sw, &plain), median_ratio(&al, &plain));
             let (p, w, a) = (
-                runner::median(plain),
-                runner::median(sw),
-                runner::median(al),
+                stats::median(&plain),
+                stats::median(&sw),
+                stats::median(&al),
             );
             let st = switched.stats();
             let sa = always.stats();
