@@ -13,6 +13,8 @@ mod runner;
 #[path = "../bench/src/trace.rs"]
 #[allow(dead_code)] // this includer reads only
 mod trace;
+#[path = "common/xorshift.rs"]
+mod xorshift;
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -22,20 +24,13 @@ use std::time::{Duration, Instant};
 use fprobe::{AddrIndex, HitCacheConfig, rcu};
 use runner::stats;
 
-fn xorshift(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
-}
-
 /// Function-like addresses: 16-byte aligned, spread over a text segment.
 fn addresses(n: usize) -> Vec<u64> {
     let mut x = 0x1234_5678_9ABC_DEF1u64;
     let mut a = 0x40_0000u64;
     (0..n)
         .map(|_| {
-            a += 16 + (xorshift(&mut x) % 64) * 16;
+            a += 16 + (xorshift::next(&mut x) % 64) * 16;
             a
         })
         .collect()

@@ -56,6 +56,9 @@
 //! agree to within a few instructions in all (std's start-up parses
 //! `/proc/self/maps`), far below the 0.1 per operation printed.
 
+#[path = "common/xorshift.rs"]
+mod xorshift;
+
 use std::hint::black_box;
 
 use fprobe::probe::{EntryAction, Fprobe, Registry};
@@ -343,11 +346,9 @@ fn mallocs() {
 /// requires of its callers.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn getrandom(buf: *mut u8, len: usize, _flags: u32) -> isize {
-    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
     for i in 0..len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = xorshift::next(&mut state);
         // SAFETY: `i < len`, and the caller passes a buffer of `len`
         // writable bytes (the function's contract).
         unsafe { buf.add(i).write(x as u8) };

@@ -17,6 +17,9 @@
 //! measures nothing, since the counts need cachegrind: it says how to get
 //! them and exits.
 
+#[path = "common/xorshift.rs"]
+mod xorshift;
+
 use std::hint::black_box;
 
 use fprobe::{AddrIndex, HitCacheConfig, rcu};
@@ -42,12 +45,7 @@ fn main() {
     };
     let skip = args.get(3).is_some_and(|s| s == "skip");
     let mut x = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = move || xorshift::next(&mut x);
     // Function-like addresses: 16-byte aligned, in one 4 GiB text range.
     let keys: Vec<u64> = (0..50_000)
         .map(|_| 0x5555_0000_0000 + (next() % (1 << 28)) * 16)
