@@ -56,6 +56,8 @@
 //! agree to within a few instructions in all (std's start-up parses
 //! `/proc/self/maps`), far below the 0.1 per operation printed.
 
+#[path = "common/valgrind_args.rs"]
+mod valgrind_args;
 #[path = "common/xorshift.rs"]
 mod xorshift;
 
@@ -113,15 +115,7 @@ struct Setup {
 }
 
 fn main() {
-    // `cargo bench` appends `--bench` to what follows its `--`.
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
-    if args.is_empty() && std::env::args().any(|a| a == "--bench") {
-        println!("instructions: counts instructions under callgrind; run scripts/instructions.sh");
-        return;
-    }
+    let args = valgrind_args::args("instructions", "scripts/instructions.sh");
     let mode = args.first().cloned().unwrap_or_else(|| "kprobe".into());
     // A second argument `uniform` spreads the stream over every address.
     let uniform = args.get(1).map(String::as_str) == Some("uniform");

@@ -17,6 +17,8 @@
 //! measures nothing, since the counts need cachegrind: it says how to get
 //! them and exits.
 
+#[path = "common/valgrind_args.rs"]
+mod valgrind_args;
 #[path = "common/xorshift.rs"]
 mod xorshift;
 
@@ -25,15 +27,7 @@ use std::hint::black_box;
 use fprobe::{AddrIndex, HitCacheConfig, rcu};
 
 fn main() {
-    // `cargo bench` appends `--bench` to what follows its `--`.
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
-    if args.is_empty() && std::env::args().any(|a| a == "--bench") {
-        println!("lookup_counts: counts under cachegrind; run scripts/cachegrind-lookup.sh");
-        return;
-    }
+    let args = valgrind_args::args("lookup_counts", "scripts/cachegrind-lookup.sh");
     let (imp, work, lookups) = match (args.first(), args.get(1), args.get(2).map(|n| n.parse())) {
         (Some(i), Some(w), Some(Ok(n))) => (i.as_str(), w.as_str(), n),
         _ => {
