@@ -7,6 +7,11 @@
 //! `FPROBE_ROUNDS=9`;
 //! `FPROBE_TRACE=PATH` adds a real call trace, see `sqlite_trace`)
 
+/// The kprobe table's chained hash table, shared with the harness's
+/// `fixed256`.
+#[path = "../bench/src/chained.rs"]
+#[allow(dead_code)] // this includer stops at an address's first node
+mod chained;
 #[path = "common/runner.rs"]
 mod runner;
 /// The call-trace file format, shared with the harness and the profiler.
@@ -335,54 +340,19 @@ fn main() {
     toggle_experiment();
 }
 
-/// The kernel's kprobe table: 4,096 hash-list buckets of linked nodes.
-/// Nodes are allocated in random order, so a chain walk touches lines
-/// scattered over the heap, as `get_kprobe` does.
-struct Chained {
-    buckets: Vec<Option<Box<Node>>>,
-}
+/// The kernel's kprobe table (`kprobe_table`): 4,096 hash-list buckets
+/// (`KPROBE_HASH_BITS` = 12) of linked nodes, one per probe, each holding
+/// its probe number; a lookup stops at the address's node, as
+/// `get_kprobe` does. The nodes are allocated in random order, so a chain
+/// walk touches lines scattered over the heap.
+type KprobeTable = chained::Chained<u32, 12>;
 
-struct Node {
-    addr: u64,
-    probe: u32,
-    next: Option<Box<Node>>,
-}
-
-impl Chained {
-    fn new(addrs: &[u64]) -> Self {
-        use rand::SeedableRng;
-        use rand::seq::SliceRandom;
-        let mut order: Vec<usize> = (0..addrs.len()).collect();
-        order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(3));
-        let mut buckets: Vec<Option<Box<Node>>> = (0..4096).map(|_| None).collect();
-        for i in order {
-            let b = Self::bucket(addrs[i]);
-            let next = buckets[b].take();
-            buckets[b] = Some(Box::new(Node {
-                addr: addrs[i],
-                probe: i as u32,
-                next,
-            }));
-        }
-        Chained { buckets }
-    }
-
-    fn bucket(addr: u64) -> usize {
-        // The kernel's hash_ptr: a multiplicative hash to 12 bits.
-        (addr.wrapping_mul(0x61C8_8646_80B5_83EB) >> 52) as usize
-    }
-
-    /// The probe at `addr`, `u32::MAX` for none.
-    fn get(&self, addr: u64) -> u32 {
-        let mut n = self.buckets[Self::bucket(addr)].as_deref();
-        while let Some(node) = n {
-            if node.addr == addr {
-                return node.probe;
-            }
-            n = node.next.as_deref();
-        }
-        u32::MAX
-    }
+fn kprobe_table(addrs: &[u64]) -> KprobeTable {
+    use rand::SeedableRng;
+    use rand::seq::SliceRandom;
+    let mut order: Vec<usize> = (0..addrs.len()).collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(3));
+    KprobeTable::new(order.into_iter().map(|i| (addrs[i], i as u32)))
 }
 
 /// The kpcache setting: 40,000 probes in a 4,096-bucket chained table
@@ -396,7 +366,7 @@ fn chained_table(threads: &[usize], run: Duration) {
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     let addrs = addresses(40_000);
-    let table = Arc::new(Chained::new(&addrs));
+    let table = Arc::new(kprobe_table(&addrs));
     let hit: Vec<u64> = addrs.iter().step_by(2).copied().collect();
     for trace in [Trace::Zipf(1.0), Trace::Uniform] {
         for &t in threads {
@@ -433,7 +403,7 @@ fn chained_table(threads: &[usize], run: Duration) {
 
 /// Total M lookups/s of the chained table, through `cache` when given.
 fn chained_throughput(
-    table: &Arc<Chained>,
+    table: &Arc<KprobeTable>,
     cache: Option<&Arc<fprobe::HitCache<u32>>>,
     streams: &[Arc<Vec<u64>>],
     run: Duration,
@@ -442,9 +412,11 @@ fn chained_throughput(
     batches(streams, run, move |addrs| {
         addrs.iter().fold(0u64, |d, &a| {
             let a = black_box(a);
+            // The probe at `a`, `u32::MAX` for none.
+            let get = || table.first(a).copied().unwrap_or(u32::MAX);
             let p = match &cache {
-                Some(c) => c.lookup(a, || table.get(a)),
-                None => table.get(a),
+                Some(c) => c.lookup(a, get),
+                None => get(),
             };
             d.wrapping_add(u64::from(p))
         })

@@ -61,6 +61,8 @@ mod bench_lookup;
 mod bench_pools;
 mod bench_probe;
 mod bench_registration;
+#[allow(dead_code)] // `Chained::first` is for benches/hit_cache.rs
+mod chained;
 mod churn;
 mod compare;
 mod config;
