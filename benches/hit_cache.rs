@@ -7,12 +7,19 @@
 //! `FPROBE_ROUNDS=9`;
 //! `FPROBE_TRACE=PATH` adds a real call trace, see `sqlite_trace`)
 
+/// The kprobe table's chained hash table, shared with the harness's
+/// `fixed256`.
+#[path = "../bench/src/chained.rs"]
+#[allow(dead_code)] // this includer stops at an address's first node
+mod chained;
 #[path = "common/runner.rs"]
 mod runner;
 /// The call-trace file format, shared with the harness and the profiler.
 #[path = "../bench/src/trace.rs"]
 #[allow(dead_code)] // this includer reads only
 mod trace;
+#[path = "common/xorshift.rs"]
+mod xorshift;
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -20,13 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fprobe::{AddrIndex, HitCacheConfig, rcu};
-
-fn xorshift(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
-}
+use runner::stats;
 
 /// Function-like addresses: 16-byte aligned, spread over a text segment.
 fn addresses(n: usize) -> Vec<u64> {
@@ -34,7 +35,7 @@ fn addresses(n: usize) -> Vec<u64> {
     let mut a = 0x40_0000u64;
     (0..n)
         .map(|_| {
-            a += 16 + (xorshift(&mut x) % 64) * 16;
+            a += 16 + (xorshift::next(&mut x) % 64) * 16;
             a
         })
         .collect()
@@ -119,7 +120,7 @@ fn rounds() -> usize {
 /// The median of the rounds' ratios `x[i] / base[i]` (a round's runs are
 /// adjacent, so they share the machine's drift).
 fn median_ratio(x: &[f64], base: &[f64]) -> f64 {
-    runner::median(x.iter().zip(base).map(|(x, b)| x / b).collect())
+    stats::median(&x.iter().zip(base).map(|(x, b)| x / b).collect::<Vec<_>>())
 }
 
 /// One index of each configuration the table compares, on one address set.
@@ -189,10 +190,10 @@ impl Indexes {
         let (rc, rp, ra, rb) = (ratio(&c), ratio(&p), ratio(&a), ratio(&b));
         let (ri, riw) = (ratio(&i), ratio(&iw));
         let (u, c, p, a) = (
-            runner::median(u),
-            runner::median(c),
-            runner::median(p),
-            runner::median(a),
+            stats::median(&u),
+            stats::median(&c),
+            stats::median(&p),
+            stats::median(&a),
         );
         println!(
             "| {label} | {trace} | {} | {u:.1} | {c:.1} | {rc:.2}× | {} | {} | {:.1}% | {p:.1} | {rp:.2}× | {a:.1} | {ra:.2}× | {ri:.2}× | {riw:.2}× | {rb:.2}× |",
@@ -339,54 +340,19 @@ fn main() {
     toggle_experiment();
 }
 
-/// The kernel's kprobe table: 4,096 hash-list buckets of linked nodes.
-/// Nodes are allocated in random order, so a chain walk touches lines
-/// scattered over the heap, as `get_kprobe` does.
-struct Chained {
-    buckets: Vec<Option<Box<Node>>>,
-}
+/// The kernel's kprobe table (`kprobe_table`): 4,096 hash-list buckets
+/// (`KPROBE_HASH_BITS` = 12) of linked nodes, one per probe, each holding
+/// its probe number; a lookup stops at the address's node, as
+/// `get_kprobe` does. The nodes are allocated in random order, so a chain
+/// walk touches lines scattered over the heap.
+type KprobeTable = chained::Chained<u32, 12>;
 
-struct Node {
-    addr: u64,
-    probe: u32,
-    next: Option<Box<Node>>,
-}
-
-impl Chained {
-    fn new(addrs: &[u64]) -> Self {
-        use rand::SeedableRng;
-        use rand::seq::SliceRandom;
-        let mut order: Vec<usize> = (0..addrs.len()).collect();
-        order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(3));
-        let mut buckets: Vec<Option<Box<Node>>> = (0..4096).map(|_| None).collect();
-        for i in order {
-            let b = Self::bucket(addrs[i]);
-            let next = buckets[b].take();
-            buckets[b] = Some(Box::new(Node {
-                addr: addrs[i],
-                probe: i as u32,
-                next,
-            }));
-        }
-        Chained { buckets }
-    }
-
-    fn bucket(addr: u64) -> usize {
-        // The kernel's hash_ptr: a multiplicative hash to 12 bits.
-        (addr.wrapping_mul(0x61C8_8646_80B5_83EB) >> 52) as usize
-    }
-
-    /// The probe at `addr`, `u32::MAX` for none.
-    fn get(&self, addr: u64) -> u32 {
-        let mut n = self.buckets[Self::bucket(addr)].as_deref();
-        while let Some(node) = n {
-            if node.addr == addr {
-                return node.probe;
-            }
-            n = node.next.as_deref();
-        }
-        u32::MAX
-    }
+fn kprobe_table(addrs: &[u64]) -> KprobeTable {
+    use rand::SeedableRng;
+    use rand::seq::SliceRandom;
+    let mut order: Vec<usize> = (0..addrs.len()).collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(3));
+    KprobeTable::new(order.into_iter().map(|i| (addrs[i], i as u32)))
 }
 
 /// The kpcache setting: 40,000 probes in a 4,096-bucket chained table
@@ -400,7 +366,7 @@ fn chained_table(threads: &[usize], run: Duration) {
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     let addrs = addresses(40_000);
-    let table = Arc::new(Chained::new(&addrs));
+    let table = Arc::new(kprobe_table(&addrs));
     let hit: Vec<u64> = addrs.iter().step_by(2).copied().collect();
     for trace in [Trace::Zipf(1.0), Trace::Uniform] {
         for &t in threads {
@@ -419,9 +385,9 @@ fn chained_table(threads: &[usize], run: Duration) {
             }
             let (rw, ra) = (median_ratio(&sw, &plain), median_ratio(&al, &plain));
             let (p, w, a) = (
-                runner::median(plain),
-                runner::median(sw),
-                runner::median(al),
+                stats::median(&plain),
+                stats::median(&sw),
+                stats::median(&al),
             );
             let st = switched.stats();
             let sa = always.stats();
@@ -437,7 +403,7 @@ fn chained_table(threads: &[usize], run: Duration) {
 
 /// Total M lookups/s of the chained table, through `cache` when given.
 fn chained_throughput(
-    table: &Arc<Chained>,
+    table: &Arc<KprobeTable>,
     cache: Option<&Arc<fprobe::HitCache<u32>>>,
     streams: &[Arc<Vec<u64>>],
     run: Duration,
@@ -446,9 +412,11 @@ fn chained_throughput(
     batches(streams, run, move |addrs| {
         addrs.iter().fold(0u64, |d, &a| {
             let a = black_box(a);
+            // The probe at `a`, `u32::MAX` for none.
+            let get = || table.first(a).copied().unwrap_or(u32::MAX);
             let p = match &cache {
-                Some(c) => c.lookup(a, || table.get(a)),
-                None => table.get(a),
+                Some(c) => c.lookup(a, get),
+                None => get(),
             };
             d.wrapping_add(u64::from(p))
         })

@@ -108,7 +108,7 @@ fn main() {
                 samples[i].push(run(reg, t, dur));
             }
         }
-        let med: Vec<f64> = samples.into_iter().map(runner::median).collect();
+        let med: Vec<f64> = samples.iter().map(|s| runner::stats::median(s)).collect();
         for (i, (name, _, _)) in cases.iter().enumerate() {
             println!(
                 "| {name} | {t} | {:.2} | {:.2} | {:.2}× |",

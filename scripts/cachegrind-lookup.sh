@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Per-lookup instructions, simulated L1 data misses and simulated branch
 # mispredicts of fprobe's `get` and of an unsynchronised hashbrown map, on the
-# same 50,000 addresses and streams (examples/lookup_counts.rs), under
+# same 50,000 addresses and streams (benches/lookup_counts.rs), under
 # cachegrind. Deterministic: unlike timings on a shared machine, these
 # counts do not move between runs. Each figure is (run with lookups − run
 # without) ÷ lookups. Needs valgrind.
 set -eu
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "cachegrind-lookup: SKIPPED (valgrind not installed)"; exit 0; }
-cargo build --release --example lookup_counts >/dev/null 2>&1
-bin=${CARGO_TARGET_DIR:-target}/release/examples/lookup_counts
+bin=$(scripts/bench-executable.sh lookup_counts 2>/dev/null) ||
+  { echo "cachegrind-lookup: building benches/lookup_counts.rs failed (scripts/bench-executable.sh lookup_counts says why)" >&2; exit 1; }
 lookups=2000000
 counts() { # counts ARGS... -> "instructions d1_misses mispredicts"
   valgrind --tool=cachegrind --cache-sim=yes --branch-sim=yes --cachegrind-out-file=/dev/null \

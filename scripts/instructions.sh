@@ -6,7 +6,7 @@
 #   scripts/instructions.sh            # measure, print a Markdown table, gate
 #   scripts/instructions.sh --update   # measure and rewrite the baseline
 #
-# Each mode of examples/instructions.rs runs one million operations after
+# Each mode of benches/instructions.rs runs one million operations after
 # its set-up; the `none` mode runs the set-up alone, and (mode − none) /
 # 1,000,000 is one operation's instructions. Callgrind counts are
 # deterministic: each run is made in a fixed, empty environment (the
@@ -48,8 +48,9 @@ if ! command -v valgrind >/dev/null; then
 fi
 valgrind=$(command -v valgrind)
 
-cargo build --release --example instructions
-bin=$(realpath "${CARGO_TARGET_DIR:-target}/release/examples/instructions")
+# Built as `cargo bench` builds it: the `bench` profile, which inherits
+# `release` (the Cargo.toml sets `debug = 1` in both).
+bin=$(scripts/bench-executable.sh instructions)
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -104,7 +105,7 @@ echo "Instructions per operation: (mode − none) / $ops; set-up (\`none\`): $(a
 
 if [ "$update" = 1 ]; then
   {
-    echo "# Instructions per operation of each examples/instructions.rs mode under"
+    echo "# Instructions per operation of each benches/instructions.rs mode under"
     echo "# callgrind: (mode − none) / $ops, in a fixed environment."
     echo "# Made by scripts/instructions.sh --update, which rewrites this file;"
     echo "# scripts/instructions.sh (a required .ci/run step) fails when a mode"

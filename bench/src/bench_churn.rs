@@ -75,16 +75,17 @@ use std::time::Instant;
 
 use fprobe::rcu;
 
-use crate::Config;
 use crate::addrs::{self, Workload};
 use crate::churn::{
     ALTERNATION_HEADERS, Alternation, Churned, Fprobe, Gate, PAIRS, Pooled, SUMMARY_HEADERS,
     alternating, alternation_cells, alternation_cutoff, alternation_rows, churn_disjoint,
     churn_hot, churn_recycled, churning, idle, near_cutoff, or_dash, print_alternation_table,
-    summary_cells,
+    report_idle, summary_cells,
 };
+use crate::config::Config;
 use crate::impls::{self, BATCH};
-use crate::report::{self, Row};
+use crate::report;
+use crate::row::Row;
 use crate::stats;
 
 /// A writer's cap in operations per second; `None`: flat out.
@@ -337,11 +338,8 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
                 continue;
             }
             let s = idle(cfg, stream, &read);
-            cfg.progress.line(format_args!(
-                "  churn {variant:<8} round {}  writer idle      reader {:>8.2} M/s",
-                round + 1,
-                s.median() / 1e6
-            ));
+            let label = format!("churn {variant:<8}");
+            report_idle(cfg, &label, round, &s);
             p.phases.idle.extend(s);
             if round == cfg.rounds {
                 continue; // idle phases bracket every churn phase
@@ -355,13 +353,12 @@ fn run_mode(cfg: &Config, mode: Mode) -> Vec<Row> {
             let secs = t0.elapsed().as_secs_f64();
             let gp = (rcu::stats().reclaim_grace_periods - gp0) as f64 / secs;
             let rs = (written.0.stats().resizes - rs0) as f64 / secs;
-            cfg.progress.line(format_args!(
-                "  churn {variant:<8} round {}  writer churning  reader {:>8.2} M/s, writer {:.3} M ops/s, {gp:.0} grace periods/s, {rs:.0} tables/s, round trip {} ns",
-                round + 1,
-                c.samples.median() / 1e6,
-                c.writes / 1e6,
-                or_dash(c.round_trip, 0)
-            ));
+            c.report(
+                cfg,
+                &label,
+                round,
+                &format!(", {gp:.0} grace periods/s, {rs:.0} tables/s"),
+            );
             p.gps.push(gp);
             p.tables.push(rs);
             p.phases.churn.push(c);

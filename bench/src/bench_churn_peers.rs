@@ -32,16 +32,18 @@
 //! operation, milliseconds each) runs past the end of its windows: its
 //! figures there understate its readers' loss.
 
-use crate::Config;
 use crate::addrs::{self, Workload};
 use crate::churn::{
     ALTERNATION_HEADERS, Alternation, Churned, Fprobe, Gate, PAIRS, Pooled, SUMMARY_HEADERS,
     Writes, alternating, alternation_cells, alternation_cutoff, alternation_rows, churn_disjoint,
-    churn_hot, churning, idle, near_cutoff, or_dash, print_alternation_table, summary_cells,
+    churn_hot, churning, idle, near_cutoff, or_dash, print_alternation_table, report_idle,
+    summary_cells,
 };
+use crate::config::Config;
 use crate::impls::{self, BATCH, LookupImpl};
+use crate::report;
 use crate::report::md;
-use crate::report::{self, Row};
+use crate::row::Row;
 use crate::stats;
 
 type Vals = Vec<u64>;
@@ -267,11 +269,8 @@ fn run_mode(cfg: &Config, alternate: bool) -> Vec<Row> {
                 let map = map.as_ref();
                 let read = |b: &[u64]| map.read(b);
                 let s = idle(cfg, stream, &read);
-                cfg.progress.line(format_args!(
-                    "  churn-peers {variant:<8} {name:<16} round {}  writer idle      reader {:>8.2} M/s",
-                    round + 1,
-                    s.median() / 1e6
-                ));
+                let label = format!("churn-peers {variant:<8} {name:<16}");
+                report_idle(cfg, &label, round, &s);
                 cell.idle.extend(s);
                 if round == cfg.rounds {
                     continue; // idle phases bracket every churn phase
@@ -281,13 +280,7 @@ fn run_mode(cfg: &Config, alternate: bool) -> Vec<Row> {
                     Writer::HotSet => churn_hot(&mut &*map, &hot, gate),
                 };
                 let c = churning(cfg, stream, &read, &write);
-                cfg.progress.line(format_args!(
-                    "  churn-peers {variant:<8} {name:<16} round {}  writer churning  reader {:>8.2} M/s, writer {:.3} M ops/s, round trip {} ns",
-                    round + 1,
-                    c.samples.median() / 1e6,
-                    c.writes / 1e6,
-                    or_dash(c.round_trip, 0)
-                ));
+                c.report(cfg, &label, round, "");
                 cell.churn.push(c);
             }
         }

@@ -6,12 +6,13 @@ use crate::report::md;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::Config;
 use crate::addrs::{self, Workload};
 use crate::compare::{self, Contender, Labels};
+use crate::config::Config;
 use crate::harness::PaddedCounter;
 use crate::impls::{self, BATCH, Impl};
-use crate::report::{self, Row};
+use crate::report;
+use crate::row::Row;
 
 pub fn run(cfg: &Config) -> Vec<Row> {
     let set = addrs::load(cfg.source, cfg.addrs, cfg.seed);

@@ -17,12 +17,12 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use crate::Config;
 use crate::compare::{self, Contender, Labels};
+use crate::config::Config;
 use crate::harness::PaddedCounter;
 use crate::impls::BATCH;
 use crate::pools::{KRETPROBE, Pattern, Pools, URETPROBE};
-use crate::report::Row;
+use crate::row::Row;
 
 /// Objects in every pool.
 const NR_OBJS: usize = 1024;

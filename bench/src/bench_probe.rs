@@ -23,13 +23,13 @@ use crate::report::md;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::Config;
 use crate::addrs::{self, Workload};
 use crate::compare::{self, Contender, Labels};
+use crate::config::Config;
 use crate::dispatch::{self, Dispatch, Hits};
 use crate::harness::PaddedCounter;
 use crate::impls::BATCH;
-use crate::report::Row;
+use crate::row::Row;
 use fprobe::{AddrIndex, rcu};
 
 /// The contender these benchmarks add to the dispatchers (`--impls`).

@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 use fprobe::AddrIndex;
 use hashbrown::DefaultHashBuilder;
 
-use crate::Config;
 use crate::addrs;
-use crate::report::{self, Row};
+use crate::config::Config;
+use crate::report;
+use crate::row::Row;
 use crate::stats;
 
 const REPS: usize = 9;

@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use fprobe::{AddrIndex, EntryId};
 
-use crate::Config;
+use crate::config::Config;
 use crate::harness::{self, Samples};
 use crate::impls::BATCH;
-use crate::report::{self, Row};
+use crate::report;
+use crate::row::Row;
 use crate::stats;
 
 /// A map whose readers a churn benchmark measures and whose writer churns
@@ -275,6 +276,32 @@ pub fn churning(
         samples,
         writes,
         round_trip: before.zip(after).map(|(b, a)| b.max(a)),
+    }
+}
+
+/// Says on stderr how the reader did in an idle phase: `label` (the
+/// benchmark and variant), the round (counted from 0) and the reader's
+/// median rate.
+pub fn report_idle(cfg: &Config, label: &str, round: usize, s: &Samples) {
+    cfg.progress.line(format_args!(
+        "  {label} round {}  writer idle      reader {:>8.2} M/s",
+        round + 1,
+        s.median() / 1e6
+    ));
+}
+
+impl Churning {
+    /// Says on stderr how the phase went, as [`report_idle`] does for an
+    /// idle one, then the writer's rate, `extra` (empty, or more figures
+    /// each led by `, `) and the round trip.
+    pub fn report(&self, cfg: &Config, label: &str, round: usize, extra: &str) {
+        cfg.progress.line(format_args!(
+            "  {label} round {}  writer churning  reader {:>8.2} M/s, writer {:.3} M ops/s{extra}, round trip {} ns",
+            round + 1,
+            self.samples.median() / 1e6,
+            self.writes / 1e6,
+            or_dash(self.round_trip, 0)
+        ));
     }
 }
 

@@ -6,10 +6,11 @@
 
 use std::sync::atomic::AtomicBool;
 
-use crate::Config;
+use crate::config::Config;
 use crate::harness::{self, PaddedCounter, Samples};
 use crate::progress::Cell;
-use crate::report::{self, Row};
+use crate::report;
+use crate::row::Row;
 
 /// A producer body: `(producer index, its counter, stop flag)`; it loops
 /// until `stop` is set, adding its operations to the counter per batch (see

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use fprobe::{AddrIndex, rcu};
 use hashbrown::DefaultHashBuilder;
 
+use crate::chained::Chained;
+
 /// Lookups per batch (per counter update), as `bench_trigger`.
 pub const BATCH: usize = 100;
 
@@ -261,49 +263,16 @@ impl LookupImpl for Swap {
 /// path walks the whole chain because one address's nodes may be anywhere
 /// in it. Chains are immutable once built, so readers take only an RCU
 /// read lock, as the kernel does.
-struct Fixed256 {
-    heads: Vec<Option<Box<Node>>>,
-}
+struct Fixed256(Chained<u64, FIXED_BITS>);
 
-struct Node {
-    addr: u64,
-    handler: u64,
-    next: Option<Box<Node>>,
-}
+/// `FPROBE_IP_HASH_BITS`.
+const FIXED_BITS: u32 = 8;
 
 impl Fixed256 {
-    const BITS: u32 = 8;
-
-    fn bucket(addr: u64) -> usize {
-        // The kernel's hash_64(): multiply by GOLDEN_RATIO_64, keep the top bits.
-        (addr.wrapping_mul(0x61C8_8646_80B5_83EB) >> (64 - Self::BITS)) as usize
-    }
-
     fn new(data: &[(u64, Vec<u64>)]) -> Self {
-        let mut heads: Vec<Option<Box<Node>>> = (0..1 << Self::BITS).map(|_| None).collect();
-        for (addr, handlers) in data {
-            for &handler in handlers {
-                let head = &mut heads[Self::bucket(*addr)];
-                *head = Some(Box::new(Node {
-                    addr: *addr,
-                    handler,
-                    next: head.take(),
-                }));
-            }
-        }
-        Self { heads }
-    }
-}
-
-impl Drop for Fixed256 {
-    fn drop(&mut self) {
-        // Iteratively: chains of thousands would recurse that deep.
-        for head in &mut self.heads {
-            let mut cur = head.take();
-            while let Some(mut n) = cur {
-                cur = n.next.take();
-            }
-        }
+        Self(Chained::new(data.iter().flat_map(|(addr, handlers)| {
+            handlers.iter().map(move |&handler| (*addr, handler))
+        })))
     }
 }
 
@@ -313,13 +282,7 @@ impl LookupImpl for Fixed256 {
         let _guard = rcu::read_lock();
         let mut sum = 0;
         for &a in addrs {
-            let mut cur = self.heads[Self::bucket(a)].as_deref();
-            while let Some(n) = cur {
-                if n.addr == a {
-                    sum += n.handler;
-                }
-                cur = n.next.as_deref();
-            }
+            self.0.for_each(a, |&handler| sum += handler);
         }
         sum
     }
@@ -334,11 +297,10 @@ struct Fixed256Array {
 
 impl Fixed256Array {
     fn new(data: &[(u64, Vec<u64>)]) -> Self {
-        let mut buckets: Vec<Vec<(u64, u64)>> =
-            (0..1 << Fixed256::BITS).map(|_| Vec::new()).collect();
+        let mut buckets: Vec<Vec<(u64, u64)>> = (0..1 << FIXED_BITS).map(|_| Vec::new()).collect();
         for (addr, handlers) in data {
             for &handler in handlers {
-                buckets[Fixed256::bucket(*addr)].push((*addr, handler));
+                buckets[Chained::<u64, FIXED_BITS>::bucket(*addr)].push((*addr, handler));
             }
         }
         Self { buckets }
@@ -351,12 +313,40 @@ impl LookupImpl for Fixed256Array {
         let _guard = rcu::read_lock();
         let mut sum = 0;
         for &a in addrs {
-            for &(addr, handler) in &self.buckets[Fixed256::bucket(a)] {
+            for &(addr, handler) in &self.buckets[Chained::<u64, FIXED_BITS>::bucket(a)] {
                 if addr == a {
                     sum += handler;
                 }
             }
         }
         sum
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every implementation finds the same handlers: the same sum over a
+    /// batch of indexed and unindexed addresses.
+    #[test]
+    fn every_implementation_sums_alike() {
+        let data: Vec<(u64, Vec<u64>)> = (0..2_000u64)
+            .map(|i| {
+                (
+                    0x40_0000 + i * 48,
+                    (0..1 + i % 3).map(|k| i * 10 + k).collect(),
+                )
+            })
+            .collect();
+        let addrs: Vec<u64> = data
+            .iter()
+            .map(|(a, _)| *a)
+            .chain((0..100).map(|i| 0x40_0000 + i * 48 + 16))
+            .collect();
+        let expected: u64 = data.iter().flat_map(|(_, v)| v).sum();
+        let built = super::build(&data, &|_| true);
+        assert_eq!(built.len(), super::NAMES.len());
+        for imp in built {
+            assert_eq!(imp.map.batch(&addrs), expected, "{}", imp.name);
+        }
     }
 }

@@ -51,8 +51,8 @@
 //! With `--bench`, the run is what it always was: the chosen benchmarks'
 //! full tables, one stderr line per cell and round (none with `--quiet`).
 //!
-//! Benchmarks live in a registry ([`BENCHES`]): add a module with a
-//! `run(&Config) -> Vec<Row>` and one line there.
+//! Benchmarks live in a registry ([`registry::BENCHES`]): add a module with
+//! a `run(&Config) -> Vec<Row>` and one line there.
 
 mod addrs;
 mod bench_churn;
@@ -61,14 +61,19 @@ mod bench_lookup;
 mod bench_pools;
 mod bench_probe;
 mod bench_registration;
+#[allow(dead_code)] // `Chained::first` is for benches/hit_cache.rs
+mod chained;
 mod churn;
 mod compare;
+mod config;
 mod dispatch;
 mod harness;
 mod impls;
 mod pools;
 mod progress;
+mod registry;
 mod report;
+mod row;
 mod stats;
 mod summary;
 #[allow(dead_code)] // the profiler writes traces; the harness only reads them
@@ -80,151 +85,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use addrs::{Source, Workload};
+use config::Config;
 use harness::Timing;
 use progress::{Meter, Progress};
-use report::{Row, md};
-
-/// One registered benchmark.
-pub struct BenchDef {
-    pub name: &'static str,
-    pub about: &'static str,
-    pub run: fn(&Config) -> Vec<Row>,
-}
-
-/// Every benchmark this binary knows, in the order `--bench all` runs them.
-pub const BENCHES: &[BenchDef] = &[
-    BenchDef {
-        name: "lookup",
-        about: "find an address and sum its handlers; all implementations, same data, same run",
-        run: bench_lookup::run,
-    },
-    BenchDef {
-        name: "registration",
-        about: "ns per address to register N addresses one by one and in bulk",
-        run: bench_registration::run,
-    },
-    BenchDef {
-        name: "churn",
-        about: "fprobe reader throughput while a writer inserts/removes, as a ratio to an idle writer",
-        run: bench_churn::run,
-    },
-    BenchDef {
-        name: "churn-alt",
-        about: "the churn writers held and let run every 20 ms inside one phase, windows paired (less drift)",
-        run: bench_churn::run_alternating,
-    },
-    BenchDef {
-        name: "churn-rates",
-        about: "churn-alt's disjoint and hot-set writers capped at 0.5, 1, 2 and 4 M ops/s and flat out",
-        run: bench_churn::run_rates,
-    },
-    BenchDef {
-        name: "churn-peers",
-        about: "the flat-out churn writers against papaya, scc, dashmap, RwLock<hashbrown>, arc-swap",
-        run: bench_churn_peers::run,
-    },
-    BenchDef {
-        name: "churn-peers-alt",
-        about: "churn-peers in paired 20 ms windows, as churn-alt",
-        run: bench_churn_peers::run_alternating,
-    },
-    BenchDef {
-        name: "kprobe-multi",
-        about: "M calls/s (entry + exit hook) of one probe on one address, fprobe vs locked-HashMap dispatchers",
-        run: bench_probe::run_kprobe_multi,
-    },
-    BenchDef {
-        name: "kprobe-multi-all",
-        about: "the same with the probe on every address of the set, producers cycling through them",
-        run: bench_probe::run_kprobe_multi_all,
-    },
-    BenchDef {
-        name: "kretprobe-multi-all",
-        about: "kprobe-multi-all with an exit handler: a return instance reserved and released per call",
-        run: bench_probe::run_kretprobe_multi_all,
-    },
-    BenchDef {
-        name: "objpool",
-        about: "M pairs/s of pop + push: fprobe::ObjPool vs Treiber freelist, ArrayQueue, Mutex<Vec>, malloc",
-        run: bench_pools::run_objpool,
-    },
-    BenchDef {
-        name: "uretprobe-nop",
-        about: "M pairs/s of return-instance reserve + release: fprobe::retinst reuse vs a Box per call",
-        run: bench_pools::run_uretprobe_nop,
-    },
-];
-
-/// Implementation names `--impls` accepts, per group of benchmarks.
-fn impl_groups() -> [(&'static str, Vec<(&'static str, &'static str)>); 4] {
-    let pools = pools::KRETPROBE
-        .iter()
-        .chain(pools::URETPROBE)
-        .map(|&(_, n, about)| (n, about))
-        .collect();
-    [
-        ("lookup", impls::NAMES.to_vec()),
-        (
-            "churn-peers, churn-peers-alt",
-            impls::NAMES
-                .iter()
-                .copied()
-                .filter(|(n, _)| bench_churn_peers::NAMES.contains(n))
-                .collect(),
-        ),
-        (
-            "kprobe-multi, kprobe-multi-all, kretprobe-multi-all",
-            [dispatch::NAMES, bench_probe::NAMES].concat(),
-        ),
-        ("objpool, uretprobe-nop", pools),
-    ]
-}
-
-/// Everything the command line sets.
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// No `--bench`: the summary runs (`benches` is then unused).
-    pub summary: bool,
-    pub benches: Vec<&'static BenchDef>,
-    pub threads: Vec<usize>,
-    pub timing: Timing,
-    /// Each cell is run this many times, interleaved with the other
-    /// implementations, and the samples pooled.
-    pub rounds: usize,
-    pub addrs: usize,
-    pub source: Source,
-    /// `--workload`, if given; each benchmark has its own default.
-    pub workloads: Option<Vec<Workload>>,
-    pub impls: Option<Vec<String>>,
-    pub csv: Option<String>,
-    pub svg: Option<String>,
-    /// `--markdown`: the report (stdout) written to this file as well.
-    pub markdown: Option<String>,
-    pub seed: u64,
-    /// CPUs producers are pinned to, round-robin.
-    pub cpus: Vec<usize>,
-    /// What stderr shows while the run measures.
-    pub progress: Progress,
-}
-
-impl std::fmt::Debug for BenchDef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name)
-    }
-}
-
-impl Config {
-    /// `--workload`, else `default`.
-    pub fn workloads_or(&self, default: &[Workload]) -> Vec<Workload> {
-        self.workloads.clone().unwrap_or_else(|| default.to_vec())
-    }
-
-    pub fn keep_impl(&self, name: &str) -> bool {
-        self.impls
-            .as_ref()
-            .is_none_or(|v| v.iter().any(|n| n == name))
-    }
-}
+use registry::{BENCHES, impl_groups};
+use report::md;
+use row::Row;
 
 fn usage() -> String {
     let mut s = String::from(

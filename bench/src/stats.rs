@@ -7,9 +7,9 @@
 //! dash or `NaN` instead of aborting the whole run. NaN inputs sort last
 //! ([`f64::total_cmp`]), so they never panic either.
 //!
-//! This file is also included with `#[path]` by the criterion benches'
-//! `benches/common/runner.rs` in the root crate, so it depends on nothing
-//! but `std`.
+//! This file is also included with `#[path]` by the throughput benches'
+//! `benches/common/runner.rs` in the root crate (their medians), so it
+//! depends on nothing but `std`.
 
 /// Arithmetic mean; NaN when `xs` is empty.
 pub fn mean(xs: &[f64]) -> f64 {

@@ -18,9 +18,11 @@
 //! whether that noise covers it (`~`).
 
 use crate::addrs::{self, Workload};
+use crate::config::Config;
 use crate::progress::Progress;
-use crate::report::{self, Row, md};
-use crate::{Config, bench_lookup, bench_pools, bench_probe, stats};
+use crate::report::{self, md};
+use crate::row::Row;
+use crate::{bench_lookup, bench_pools, bench_probe, stats};
 
 /// The lookup implementations of table 1, with what each is (short forms
 /// of `--help`'s descriptions).
@@ -573,7 +575,7 @@ mod tests {
     /// Every implementation the summary names is one the benchmarks know.
     #[test]
     fn names_are_known() {
-        let groups = crate::impl_groups();
+        let groups = crate::registry::impl_groups();
         for list in [LOOKUP, DISPATCH, OBJPOOL, HIT_CACHE] {
             for (n, _) in list {
                 assert!(

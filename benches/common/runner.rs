@@ -1,6 +1,7 @@
 //! Shared by the multi-thread throughput benches (`hit_cache`, `probe`):
-//! thread counts and run length from the environment, medians, and a runner
-//! that drives N threads for a fixed time and counts their operations.
+//! thread counts and run length from the environment, medians (the
+//! harness's `stats`), and a runner that drives N threads for a fixed time
+//! and counts their operations.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
@@ -27,14 +28,8 @@ pub fn run_length() -> Duration {
 /// The benchmark harness's statistics (`bench/src/stats.rs`), shared so
 /// that every median in the repository is the same function.
 #[path = "../../bench/src/stats.rs"]
-#[allow(dead_code)] // this includer uses `median` only
-mod stats;
-
-/// Median of `v` (the mean of the two middle values for an even count);
-/// NaN when `v` is empty.
-pub fn median(v: Vec<f64>) -> f64 {
-    stats::median(&v)
-}
+#[allow(dead_code)] // the benches use `median` only
+pub mod stats;
 
 /// Total M operations/s of `workers`, each started on its own thread and
 /// called in a loop (one batch per call, returning the operations it did)

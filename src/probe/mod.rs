@@ -123,7 +123,7 @@
 //! dispatches (a handler's, a signal handler's) and a thread's first one
 //! take a cold path. With every line in cache that is about 125
 //! instructions for an entry + exit pair without exit handler and 239
-//! with one (`examples/instructions.rs`, modes `kprobe` and `kretprobe`,
+//! with one (`benches/instructions.rs`, modes `kprobe` and `kretprobe`,
 //! under callgrind: `scripts/instructions.sh`), of which the lookup and
 //! its read-side section take about 65. A lock-free exit and per-thread
 //! everything make dispatch scale with threads where a locked table

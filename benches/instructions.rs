@@ -5,12 +5,16 @@
 //! baseline `bench/instructions.baseline`; by hand:
 //!
 //! ```text
-//! cargo build --release --example instructions
+//! bin=$(scripts/bench-executable.sh instructions)   # cargo bench --bench instructions --no-run
 //! for m in none rcu lookup-hit lookup-miss kprobe kretprobe hitcache-hit objpool; do
 //!   env -i PATH=/usr/bin:/bin valgrind --tool=callgrind --callgrind-out-file=/dev/null \
-//!     target/release/examples/instructions $m 2>&1 | grep refs
+//!     "$bin" $m 2>&1 | grep refs
 //! done
 //! ```
+//!
+//! Run by `cargo bench` (which passes `--bench` and nothing else) it
+//! measures nothing, since the counts need callgrind: it says how to get
+//! them and exits.
 //!
 //! Modes (one operation each):
 //!
@@ -51,6 +55,11 @@
 //! size changes what the C library's start-up executes). Two runs then
 //! agree to within a few instructions in all (std's start-up parses
 //! `/proc/self/maps`), far below the 0.1 per operation printed.
+
+#[path = "common/valgrind_args.rs"]
+mod valgrind_args;
+#[path = "common/xorshift.rs"]
+mod xorshift;
 
 use std::hint::black_box;
 
@@ -106,9 +115,10 @@ struct Setup {
 }
 
 fn main() {
-    let mode = std::env::args().nth(1).unwrap_or_else(|| "kprobe".into());
+    let args = valgrind_args::args("instructions", "scripts/instructions.sh");
+    let mode = args.first().cloned().unwrap_or_else(|| "kprobe".into());
     // A second argument `uniform` spreads the stream over every address.
-    let uniform = std::env::args().nth(2).as_deref() == Some("uniform");
+    let uniform = args.get(1).map(String::as_str) == Some("uniform");
     if !MODES.contains(&mode.as_str()) {
         eprintln!(
             "usage: instructions {} [uniform] (got {mode:?})",
@@ -330,11 +340,9 @@ fn mallocs() {
 /// requires of its callers.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn getrandom(buf: *mut u8, len: usize, _flags: u32) -> isize {
-    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
     for i in 0..len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = xorshift::next(&mut state);
         // SAFETY: `i < len`, and the caller passes a buffer of `len`
         // writable bytes (the function's contract).
         unsafe { buf.add(i).write(x as u8) };

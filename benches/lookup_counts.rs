@@ -10,15 +10,24 @@
 //! (default configuration, and always on); the first prints on stderr
 //! whether its switch ended on or off.
 //!
-//! `cargo run --release --example lookup_counts -- fprobe|fprobe-switched|fprobe-cached|hashbrown hot|uniform LOOKUPS [skip]`
-//! (the script passes the lookup count it divides by).
+//! `"$(scripts/bench-executable.sh lookup_counts)" fprobe|fprobe-switched|fprobe-cached|hashbrown hot|uniform LOOKUPS [skip]`
+//! (the script passes the lookup count it divides by), or
+//! `cargo bench --bench lookup_counts -- IMPLEMENTATION WORKLOAD LOOKUPS [skip]`.
+//! Run by `cargo bench` alone (which passes `--bench` and nothing else) it
+//! measures nothing, since the counts need cachegrind: it says how to get
+//! them and exits.
+
+#[path = "common/valgrind_args.rs"]
+mod valgrind_args;
+#[path = "common/xorshift.rs"]
+mod xorshift;
 
 use std::hint::black_box;
 
 use fprobe::{AddrIndex, HitCacheConfig, rcu};
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args = valgrind_args::args("lookup_counts", "scripts/cachegrind-lookup.sh");
     let (imp, work, lookups) = match (args.first(), args.get(1), args.get(2).map(|n| n.parse())) {
         (Some(i), Some(w), Some(Ok(n))) => (i.as_str(), w.as_str(), n),
         _ => {
@@ -30,12 +39,7 @@ fn main() {
     };
     let skip = args.get(3).is_some_and(|s| s == "skip");
     let mut x = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = move || xorshift::next(&mut x);
     // Function-like addresses: 16-byte aligned, in one 4 GiB text range.
     let keys: Vec<u64> = (0..50_000)
         .map(|_| 0x5555_0000_0000 + (next() % (1 << 28)) * 16)
