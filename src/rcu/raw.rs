@@ -568,56 +568,53 @@ mod loom_tests {
     use loom::sync::Arc;
     use loom::sync::atomic::AtomicUsize;
 
-    /// Two objects; `freed[i]` is set when object `i` is reclaimed.
+    /// Two objects; `freed[i]` is set when object `i` is reclaimed, `done`
+    /// once the writer has finished.
     struct World {
         domain: Domain,
         current: AtomicUsize,
         freed: [AtomicBool; 2],
+        done: AtomicBool,
     }
 
-    fn world() -> Arc<World> {
-        Arc::new(World {
-            domain: Domain::new(FenceMode::Symmetric),
-            current: AtomicUsize::new(0),
-            freed: [AtomicBool::new(false), AtomicBool::new(false)],
-        })
-    }
-
-    /// The writer, on a thread of its own (loom explores spawned threads):
-    /// unpublishes object 0, waits for a grace period and reclaims it, then
-    /// sets `done` (Release) if given.
-    fn reclaimer(w: Arc<World>, done: Option<Arc<AtomicBool>>) -> loom::thread::JoinHandle<()> {
-        loom::thread::spawn(move || {
-            w.current.store(1, Ordering::Release);
-            w.domain.synchronize();
-            w.freed[0].store(true, Ordering::Relaxed);
-            if let Some(done) = done {
-                done.store(true, Ordering::Release);
-            }
-        })
+    /// Runs `reader` on one thread against a writer on another (loom
+    /// explores spawned threads) that unpublishes object 0, waits for a
+    /// grace period, reclaims it and sets `done` (Release). `reader` gets
+    /// the world and its own record.
+    fn world_model(reader: fn(&World, &ReaderRecord)) {
+        loom::model(move || {
+            let w = Arc::new(World {
+                domain: Domain::new(FenceMode::Symmetric),
+                current: AtomicUsize::new(0),
+                freed: [AtomicBool::new(false), AtomicBool::new(false)],
+                done: AtomicBool::new(false),
+            });
+            let r = w.clone();
+            let reader = loom::thread::spawn(move || reader(&r, r.domain.register()));
+            let writer = loom::thread::spawn(move || {
+                w.current.store(1, Ordering::Release);
+                w.domain.synchronize();
+                w.freed[0].store(true, Ordering::Relaxed);
+                w.done.store(true, Ordering::Release);
+            });
+            reader.join().unwrap();
+            writer.join().unwrap();
+        });
     }
 
     /// A reader that entered before `synchronize` never sees its object
     /// reclaimed, whatever the interleaving.
     #[test]
     fn reader_never_sees_reclaimed_object() {
-        loom::model(|| {
-            let w = world();
-            let r = w.clone();
-            let reader = loom::thread::spawn(move || {
-                let rec = r.domain.register();
-                rec.enter(&r.domain.gp);
-                let i = r.current.load(Ordering::Acquire);
-                assert!(
-                    !r.freed[i].load(Ordering::Relaxed),
-                    "reader saw a reclaimed object"
-                );
-                rec.exit();
-                r.domain.unregister(rec);
-            });
-            let writer = reclaimer(w, None);
-            reader.join().unwrap();
-            writer.join().unwrap();
+        world_model(|w, rec| {
+            rec.enter(&w.domain.gp);
+            let i = w.current.load(Ordering::Acquire);
+            assert!(
+                !w.freed[i].load(Ordering::Relaxed),
+                "reader saw a reclaimed object"
+            );
+            rec.exit();
+            w.domain.unregister(rec);
         });
     }
 
@@ -626,21 +623,13 @@ mod loom_tests {
     /// `gp_lock`; `tests/rcu.rs` stresses that case.)
     #[test]
     fn nested_reader() {
-        loom::model(|| {
-            let w = world();
-            let r = w.clone();
-            let reader = loom::thread::spawn(move || {
-                let rec = r.domain.register();
-                rec.enter(&r.domain.gp);
-                rec.enter(&r.domain.gp);
-                let i = r.current.load(Ordering::Acquire);
-                rec.exit();
-                assert!(!r.freed[i].load(Ordering::Relaxed));
-                rec.exit();
-            });
-            let writer = reclaimer(w, None);
-            reader.join().unwrap();
-            writer.join().unwrap();
+        world_model(|w, rec| {
+            rec.enter(&w.domain.gp);
+            rec.enter(&w.domain.gp);
+            let i = w.current.load(Ordering::Acquire);
+            rec.exit();
+            assert!(!w.freed[i].load(Ordering::Relaxed));
+            rec.exit();
         });
     }
 
@@ -721,26 +710,17 @@ mod loom_tests {
     /// new object, never the reclaimed one.
     #[test]
     fn new_reader_sees_new_object() {
-        loom::model(|| {
-            let w = world();
-            let done = Arc::new(AtomicBool::new(false));
-            let (r, d) = (w.clone(), done.clone());
-            let reader = loom::thread::spawn(move || {
-                let rec = r.domain.register();
-                for _ in 0..2 {
-                    let after = d.load(Ordering::Acquire);
-                    rec.enter(&r.domain.gp);
-                    let i = r.current.load(Ordering::Acquire);
-                    if after {
-                        assert_eq!(i, 1, "new reader saw the old object");
-                    }
-                    assert!(!r.freed[i].load(Ordering::Relaxed));
-                    rec.exit();
+        world_model(|w, rec| {
+            for _ in 0..2 {
+                let after = w.done.load(Ordering::Acquire);
+                rec.enter(&w.domain.gp);
+                let i = w.current.load(Ordering::Acquire);
+                if after {
+                    assert_eq!(i, 1, "new reader saw the old object");
                 }
-            });
-            let writer = reclaimer(w, Some(done));
-            reader.join().unwrap();
-            writer.join().unwrap();
+                assert!(!w.freed[i].load(Ordering::Relaxed));
+                rec.exit();
+            }
         });
     }
 }
