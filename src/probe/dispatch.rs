@@ -122,7 +122,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// this call returns.
     #[inline]
     pub fn on_entry(&self, addr: u64, ret_addr: u64, ctx: &C) {
-        self.entry::<true, false>(addr, ret_addr, 0, 0, ctx);
+        self.entry::<true, false>(&Call::new(addr, ret_addr, 0, 0, ctx));
     }
 
     /// [`on_entry`](Self::on_entry) inside a read-side section the caller
@@ -130,7 +130,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// the dispatch's own section nests in it without loading the epoch.
     #[inline]
     pub fn on_entry_in(&self, _guard: &rcu::ReadGuard, addr: u64, ret_addr: u64, ctx: &C) {
-        self.entry::<true, false>(addr, ret_addr, 0, 0, ctx);
+        self.entry::<true, false>(&Call::new(addr, ret_addr, 0, 0, ctx));
     }
 
     /// Function entry for an engine that hooks a return only when it has
@@ -157,7 +157,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// ```
     #[inline]
     pub fn on_entry_for_exit(&self, addr: u64, ret_addr: u64, ctx: &C) -> bool {
-        self.entry::<false, false>(addr, ret_addr, 0, 0, ctx) != 0
+        self.entry::<false, false>(&Call::new(addr, ret_addr, 0, 0, ctx)) != 0
     }
 
     /// Function entry for an engine that takes the call's return over: it
@@ -186,7 +186,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// ```
     #[inline]
     pub fn on_entry_taking_return(&self, addr: u64, ret_addr: u64, sp: u64, ctx: &C) -> bool {
-        self.entry::<false, true>(addr, ret_addr, sp, 0, ctx) != 0
+        self.entry::<false, true>(&Call::new(addr, ret_addr, sp, 0, ctx)) != 0
     }
 
     /// [`on_entry_taking_return`](Self::on_entry_taking_return) that also
@@ -223,7 +223,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         saved: u64,
         ctx: &C,
     ) -> Option<NonNull<KeptReturn>> {
-        let at = self.entry::<false, true>(addr, ret_addr, sp, saved, ctx);
+        let at = self.entry::<false, true>(&Call::new(addr, ret_addr, sp, saved, ctx));
         // The frame's address, its provenance exposed by `Words::addr`.
         NonNull::new(std::ptr::with_exposed_provenance_mut(at as usize))
     }
@@ -255,14 +255,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// Returns 0 when no frame was pushed, else the address of the frame's
     /// [`KeptReturn`] (`RET`) or 1.
     #[inline(always)]
-    fn entry<const MARK: bool, const RET: bool>(
-        &self,
-        addr: u64,
-        ret_addr: u64,
-        sp: u64,
-        saved: u64,
-        ctx: &C,
-    ) -> u64 {
+    fn entry<const MARK: bool, const RET: bool>(&self, call: &Call<'_, C>) -> u64 {
         let c = context();
         let rec = c.rcu.get();
         if !rec.is_null() {
@@ -272,13 +265,12 @@ impl<C: Send + Sync + 'static> Registry<C> {
             if rcu::begin_dispatch(rec) {
                 // SAFETY: `begin_dispatch` returned `true`: this thread
                 // holds the `DISPATCH` bit until `end_dispatch` below.
-                let kept =
-                    unsafe { self.entry_outermost::<MARK, RET>(c, addr, ret_addr, sp, saved, ctx) };
+                let kept = unsafe { self.entry_outermost::<MARK, RET>(c, call) };
                 rec.end_dispatch();
                 return kept;
             }
         }
-        self.entry_slow::<MARK, RET>(addr, ret_addr, sp, saved, ctx)
+        self.entry_slow::<MARK, RET>(call.addr, call.ret_addr, call.sp, call.saved, call.ctx)
     }
 
     /// The entry of an outermost dispatch, inside its section (the
@@ -291,31 +283,28 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// `rcu::begin_exit_dispatch` returned `true`, or it holds a
     /// [`DispatchSection`]), and `c` is its context.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     unsafe fn entry_outermost<const MARK: bool, const RET: bool>(
         &self,
         c: &Context,
-        addr: u64,
-        ret_addr: u64,
-        sp: u64,
-        saved: u64,
-        ctx: &C,
+        call: &Call<'_, C>,
     ) -> u64 {
         // SAFETY: the caller holds the `DISPATCH` bit, and `c` is its
         // context.
-        let Some(local) = (unsafe { self.cached_local(c) }) else {
+        let local = match unsafe { self.cached_local(c) } {
+            Some(local) => local,
             // SAFETY: as above.
-            return unsafe {
-                self.entry_outermost_slow::<MARK, RET>(c, addr, ret_addr, sp, saved, ctx)
-            };
+            None => match unsafe { self.local_outermost_slow::<MARK>(c) } {
+                Some(local) => local,
+                None => return 0,
+            },
         };
         if RET {
-            self.end_frames_below(local, sp);
+            self.end_frames_below(local, call.sp);
         }
         // SAFETY: inside the dispatch's section (the caller's).
-        let attached = unsafe { self.index.get_in_section(addr) };
+        let attached = unsafe { self.index.get_in_section(call.addr) };
         let counters = local.counters.outer();
-        self.entry_run::<MARK, RET>(local, counters, attached, addr, ret_addr, sp, saved, ctx)
+        self.entry_run::<MARK, RET>(local, counters, attached, call)
     }
 
     /// Before an outermost entry that takes its return at `sp`: when the
@@ -376,48 +365,27 @@ impl<C: Send + Sync + 'static> Registry<C> {
         }
     }
 
-    /// [`entry_outermost`](Self::entry_outermost) when the state is not
-    /// cached: made, emptied into the current pairing epoch, cached.
+    /// [`entry_outermost`](Self::entry_outermost)'s state when it is not
+    /// cached: made, emptied into the current pairing epoch, cached. `None`
+    /// when the thread has none, or when it is ignored (a bare call pushed
+    /// with `MARK`).
     ///
     /// # Safety
     ///
-    /// The calling thread holds the `DISPATCH` bit for the whole call: it
-    /// is inside an outermost dispatch's section (`rcu::begin_dispatch` or
-    /// `rcu::begin_exit_dispatch` returned `true`, or it holds a
-    /// [`DispatchSection`]), and `c` is its context.
+    /// As for [`entry_outermost`](Self::entry_outermost).
     #[cold]
     #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn entry_outermost_slow<const MARK: bool, const RET: bool>(
-        &self,
-        c: &Context,
-        addr: u64,
-        ret_addr: u64,
-        sp: u64,
-        saved: u64,
-        ctx: &C,
-    ) -> u64 {
+    unsafe fn local_outermost_slow<const MARK: bool>(&self, c: &Context) -> Option<&ShadowStack> {
         // SAFETY: the caller holds the `DISPATCH` bit, and `c` is its
         // context.
         match unsafe { self.local_outermost(c) } {
-            None => 0,
             Some(local) if recursion::ignored(c) => {
                 if MARK {
                     local.push_bare();
                 }
-                0
+                None
             }
-            Some(local) => {
-                if RET {
-                    self.end_frames_below(local, sp);
-                }
-                // SAFETY: inside the dispatch's section (the caller's).
-                let attached = unsafe { self.index.get_in_section(addr) };
-                let counters = local.counters.outer();
-                self.entry_run::<MARK, RET>(
-                    local, counters, attached, addr, ret_addr, sp, saved, ctx,
-                )
-            }
+            local => local,
         }
     }
 
@@ -448,7 +416,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
     pub fn on_entry_held(&self, _section: &DispatchSection, addr: u64, ret_addr: u64, ctx: &C) {
         // SAFETY: `_section` (`!Send`, so this thread's) holds the
         // `DISPATCH` bit; `context()` is this thread's.
-        unsafe { self.entry_outermost::<true, false>(context(), addr, ret_addr, 0, 0, ctx) };
+        unsafe {
+            self.entry_outermost::<true, false>(context(), &Call::new(addr, ret_addr, 0, 0, ctx))
+        };
     }
 
     /// An entry off the fast path: the thread's first dispatch (no record
@@ -465,6 +435,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         saved: u64,
         ctx: &C,
     ) -> u64 {
+        let call = &Call::new(addr, ret_addr, sp, saved, ctx);
         let Some(rec) = rcu::thread_record() else {
             return 0;
         };
@@ -472,9 +443,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         if rcu::begin_dispatch(rec) {
             // SAFETY: `begin_dispatch` returned `true`: this thread holds
             // the `DISPATCH` bit until `end_dispatch` below.
-            let kept = unsafe {
-                self.entry_outermost_slow::<MARK, RET>(c, addr, ret_addr, sp, saved, ctx)
-            };
+            let kept = unsafe { self.entry_outermost::<MARK, RET>(c, call) };
             rec.end_dispatch();
             return kept;
         }
@@ -484,12 +453,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
             return 0;
         };
         let counters = local.counters.nested();
-        let attached = self.index.get(addr, &guard);
+        let attached = self.index.get(call.addr, &guard);
         match recursion::enter_nested() {
             Entered::Run(level) => {
-                let kept = self.entry_run::<MARK, RET>(
-                    local, counters, attached, addr, ret_addr, sp, saved, ctx,
-                );
+                let kept = self.entry_run::<MARK, RET>(local, counters, attached, call);
                 drop(level);
                 kept
             }
@@ -510,23 +477,18 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// Runs the probes of `attached` for an entry that may run handlers,
     /// and keeps the call's frame (or counts it bare).
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     fn entry_run<const MARK: bool, const RET: bool>(
         &self,
         local: &ShadowStack,
         counters: CounterView,
         attached: &[Attachment],
-        addr: u64,
-        ret_addr: u64,
-        sp: u64,
-        saved: u64,
-        ctx: &C,
+        call: &Call<'_, C>,
     ) -> u64 {
         let kept = match attached {
             [] => 0,
             // One probe at the address, the usual case: straight-line code.
-            [a] => self.entry_one::<RET>(local, counters, a, addr, ret_addr, sp, saved, ctx),
-            _ => self.entry_frame::<RET>(local, counters, attached, addr, ret_addr, sp, saved, ctx),
+            [a] => self.entry_one::<RET>(local, counters, a, call),
+            _ => self.entry_frame::<RET>(local, counters, attached, call),
         };
         if MARK && kept == 0 {
             local.push_bare();
@@ -562,17 +524,12 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// steps and counts, without the loop and the bookkeeping of several
     /// return entries. Returns what [`entry`](Self::entry) does.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     fn entry_one<const RET: bool>(
         &self,
         local: &ShadowStack,
         counters: CounterView,
         a: &Attachment,
-        addr: u64,
-        ret_addr: u64,
-        sp: u64,
-        saved: u64,
-        ctx: &C,
+        call: &Call<'_, C>,
     ) -> u64 {
         let Some(p) = self.live_probe(counters, a) else {
             return 0;
@@ -589,7 +546,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
             if fw > 0 {
                 count(counters, a, Counter::Depth);
             }
-            run_entry(local, p, a, counters, addr, ret_addr, ctx, &mut []);
+            run_entry(local, p, a, counters, call, &mut []);
             return 0;
         };
         count(counters, a, Counter::Kept);
@@ -597,7 +554,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // SAFETY: as in `entry_frame`: the data words lie in our
         // reservation, which nothing else references until it is pushed.
         let data = unsafe { w.data_mut(at, p.data_size) };
-        match run_entry(local, p, a, counters, addr, ret_addr, ctx, data) {
+        match run_entry(local, p, a, counters, call, data) {
             EntryAction::Continue => {
                 // SAFETY: the return entry (`fw` words from `at`) and the
                 // header (`header` words from `at + fw`) fill our
@@ -605,7 +562,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 // stack exactly; the data slice is no longer used.
                 unsafe {
                     write_return_entry(w, at, a);
-                    write_header::<RET>(w, at + fw, 1, addr, ret_addr, sp, saved);
+                    write_header::<C, RET>(w, at + fw, 1, call);
                 }
                 // The reservation was exactly the frame: `top` already
                 // covers it, and the frame is complete once written.
@@ -626,17 +583,12 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// and why each step is safe against a signal handler that dispatches
     /// in between). Returns what [`entry`](Self::entry) does.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     fn entry_frame<const RET: bool>(
         &self,
         local: &ShadowStack,
         counters: CounterView,
         attached: &[Attachment],
-        addr: u64,
-        ret_addr: u64,
-        sp: u64,
-        saved: u64,
-        ctx: &C,
+        call: &Call<'_, C>,
     ) -> u64 {
         let w = local.words();
         let header = if RET { HEADER + RETURN_WORDS } else { HEADER };
@@ -678,7 +630,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 Some(at) => unsafe { w.data_mut(at, p.data_size) },
                 None => &mut [],
             };
-            let action = run_entry(local, p, a, counters, addr, ret_addr, ctx, data);
+            let action = run_entry(local, p, a, counters, call, data);
             match (keep, action) {
                 (Some(e), EntryAction::Continue) => {
                     // SAFETY: this attachment's `frame_words` from `e` lie
@@ -708,7 +660,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // reservation (`used + header <= need`) on this thread's stack, and
         // the frame kept is those `used + header` words of it.
         unsafe {
-            write_header::<RET>(w, at + used, n, addr, ret_addr, sp, saved);
+            write_header::<C, RET>(w, at + used, n, call);
             local.commit(at, used + header);
         }
         if RET { w.addr(at + used) } else { 1 }
@@ -1343,24 +1295,16 @@ unsafe fn write_return_entry(w: Words, at: usize, a: &Attachment) {
 /// `RET`), are in the calling thread's reservation on its own stack `w`,
 /// and no reference to them lives.
 #[inline(always)]
-unsafe fn write_header<const RET: bool>(
-    w: Words,
-    mut h: usize,
-    n: u64,
-    addr: u64,
-    ret_addr: u64,
-    sp: u64,
-    saved: u64,
-) {
+unsafe fn write_header<C, const RET: bool>(w: Words, mut h: usize, n: u64, call: &Call<'_, C>) {
     // SAFETY: the header's words, in the caller's reservation.
     unsafe {
         if RET {
-            w.write(h, saved);
-            w.write(h + 1, ret_addr);
-            w.write(h + 2, sp);
+            w.write(h, call.saved);
+            w.write(h + 1, call.ret_addr);
+            w.write(h + 2, call.sp);
             h += RETURN_WORDS;
         }
-        w.write(h, addr);
+        w.write(h, call.addr);
         w.write(h + 1, if RET { n | TAKES_RETURN } else { n });
     }
 }
@@ -1405,21 +1349,49 @@ fn report_panic<C>(local: *const ShadowStack, slot: u32, generation: u64) {
     }
 }
 
+/// One function entry as the handlers see it: the function's address, its
+/// caller's return address, and, for an entry that takes its return
+/// (`RET`), the stack pointer and the word the frame keeps for
+/// [`on_return`](Registry::on_return); with the handlers' context.
+struct Call<'a, C> {
+    addr: u64,
+    ret_addr: u64,
+    sp: u64,
+    saved: u64,
+    ctx: &'a C,
+}
+
+impl<'a, C> Call<'a, C> {
+    #[inline(always)]
+    fn new(addr: u64, ret_addr: u64, sp: u64, saved: u64, ctx: &'a C) -> Self {
+        Self {
+            addr,
+            ret_addr,
+            sp,
+            saved,
+            ctx,
+        }
+    }
+}
+
 /// Runs probe `p`'s entry handler for attachment `a` (Rust or C; none:
 /// `Continue`), counting a panic, which skips the exit, and reporting it
 /// (`panicked`).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn run_entry<C>(
     local: &ShadowStack,
     p: &super::def::Fprobe<C>,
     a: &Attachment,
     counters: CounterView,
-    addr: u64,
-    ret_addr: u64,
-    ctx: &C,
+    call: &Call<'_, C>,
     data: &mut [u8],
 ) -> EntryAction {
+    let &Call {
+        addr,
+        ret_addr,
+        ctx,
+        ..
+    } = call;
     match &p.entry {
         Some(entry) => {
             let mut ec = EntryContext {
