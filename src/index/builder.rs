@@ -3,7 +3,8 @@
 use std::marker::PhantomData;
 
 use super::AddrIndex;
-use super::raw::{Config, RawIndex, capacity_presized};
+use super::raw::resize::capacity_presized;
+use super::raw::{Config, RawIndex};
 use crate::cache::HitCacheConfig;
 use crate::error::Error;
 
