@@ -1,7 +1,7 @@
 //! Where the RCU reclaimer runs: on the CPU of the thread that retired the
 //! batch's last object, back on the process's CPUs when following is off,
-//! and sent back there by a waiter when it stalls (`src/rcu/reclaim.rs`, module
-//! docs: placement).
+//! and sent back there by a waiter when it stalls (`src/rcu/reclaim/mod.rs`,
+//! module docs: placement).
 //!
 //! One test in its own binary: every retirement in the process steers the
 //! reclaimer, so no other test may retire concurrently.

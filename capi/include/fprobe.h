@@ -57,26 +57,6 @@
 // thread's shadow stack. Create with [`fprobe_registry_new`].
 typedef struct fprobe_registry fprobe_registry;
 
-// Registry settings. Zero in any field means its default.
-typedef struct fprobe_config {
-  // Most probes registered at once (default 256, at most 65536).
-  size_t max_probes;
-  // Largest per-call data a probe may ask for, bytes (default 64).
-  size_t data_size;
-  // Nesting depth each thread's shadow stack holds: calls with a return
-  // probe of the full `data_size` (default 64; deeper calls skip their
-  // exit handlers and count `missed_depth`).
-  size_t max_depth;
-  // Addresses to presize the index for (default 0: grows on demand).
-  size_t capacity;
-  // Entries of the recent-hit cache in front of the index (a power of
-  // two in 16..=65536, 4-way); 0: no cache (the default, and usually
-  // faster: see BENCHMARKS.md).
-  size_t hit_cache_entries;
-  // Non-zero: one hit cache per CPU instead of per thread.
-  int hit_cache_per_cpu;
-} fprobe_config;
-
 // What a C entry handler sees: `fprobe_entry_ctx` in `fprobe.h`, and
 // the context of a Rust engine's `FprobeBuilder::entry_c` handlers.
 typedef struct fprobe_entry_ctx {
@@ -169,6 +149,26 @@ typedef struct fprobe_stats {
   uint64_t missed_unwound;
 } fprobe_stats;
 
+// Registry settings. Zero in any field means its default.
+typedef struct fprobe_config {
+  // Most probes registered at once (default 256, at most 65536).
+  size_t max_probes;
+  // Largest per-call data a probe may ask for, bytes (default 64).
+  size_t data_size;
+  // Nesting depth each thread's shadow stack holds: calls with a return
+  // probe of the full `data_size` (default 64; deeper calls skip their
+  // exit handlers and count `missed_depth`).
+  size_t max_depth;
+  // Addresses to presize the index for (default 0: grows on demand).
+  size_t capacity;
+  // Entries of the recent-hit cache in front of the index (a power of
+  // two in 16..=65536, 4-way); 0: no cache (the default, and usually
+  // faster: see BENCHMARKS.md).
+  size_t hit_cache_entries;
+  // Non-zero: one hit cache per CPU instead of per thread.
+  int hit_cache_per_cpu;
+} fprobe_config;
+
 // A patched call's saved registers, what a handler's `engine_ctx`
 // points at. At entry: the SysV argument registers; at exit: `rax`
 // (`gp[6]`), `rdx` (`gp[2]`), `xmm0` and `xmm1` hold the return value,
@@ -183,17 +183,6 @@ typedef struct fprobe_patch_regs {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
-
-// Creates a registry. `config` may be NULL (all defaults).
-//
-// Returns [`FPROBE_E_NULL`] if `out` is NULL, [`FPROBE_E_INVALID`] for an
-// out-of-range setting. Thread-safe.
-//
-// # Safety
-//
-// `config` is NULL or points to a valid `fprobe_config`; `out` is NULL or
-// writable.
-int fprobe_registry_new(const struct fprobe_config *config, struct fprobe_registry **out);
 
 // Destroys a registry: detaches the `-finstrument-functions` runtime if
 // it uses this registry, waits for dispatches in progress to finish, and
@@ -397,6 +386,17 @@ void fprobe_ignore_current_thread(int ignore);
 
 // A static, NUL-terminated description of a status code.
 const char *fprobe_strerror(int code);
+
+// Creates a registry. `config` may be NULL (all defaults).
+//
+// Returns [`FPROBE_E_NULL`] if `out` is NULL, [`FPROBE_E_INVALID`] for an
+// out-of-range setting. Thread-safe.
+//
+// # Safety
+//
+// `config` is NULL or points to a valid `fprobe_config`; `out` is NULL or
+// writable.
+int fprobe_registry_new(const struct fprobe_config *config, struct fprobe_registry **out);
 
 // Makes the hooks dispatch to `r`, forgetting calls left in flight by an
 // earlier attachment of it. Fails with [`FPROBE_E_BUSY`] if the runtime

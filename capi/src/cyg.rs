@@ -41,7 +41,8 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use fprobe::probe::DispatchSection;
 use fprobe::rcu;
 
-use crate::{FPROBE_E_BUSY, FPROBE_E_DESTROYED, FPROBE_E_NULL, FPROBE_OK, fprobe_registry};
+use crate::codes::{FPROBE_E_BUSY, FPROBE_E_DESTROYED, FPROBE_E_NULL, FPROBE_OK};
+use crate::registry::fprobe_registry;
 
 /// The registry the hooks dispatch to; null when detached.
 static ATTACHED: AtomicPtr<fprobe_registry> = AtomicPtr::new(std::ptr::null_mut());
@@ -104,7 +105,7 @@ pub unsafe extern "C" fn fprobe_cyg_attach(r: *mut fprobe_registry) -> c_int {
 /// RCU grace period.
 #[unsafe(no_mangle)]
 pub extern "C" fn fprobe_cyg_detach() -> c_int {
-    if crate::cannot_wait() {
+    if crate::codes::cannot_wait() {
         return FPROBE_E_BUSY;
     }
     // Release: pairs with the Acquire load in `hook`; the grace period
@@ -129,7 +130,7 @@ pub(crate) fn detach_registry(r: *mut fprobe_registry) {
 /// [`rcu::ReadGuard`]) that began before the load and lasts for all of
 /// `'s`: the registry is freed a grace period after it is detached.
 #[inline(always)]
-unsafe fn attached_registry<'s>() -> Option<&'s crate::Reg> {
+unsafe fn attached_registry<'s>() -> Option<&'s crate::registry::Reg> {
     // Acquire: pairs with the Release of `fprobe_cyg_attach`.
     let r = ATTACHED.load(Ordering::Acquire);
     // SAFETY: an attached handle is live (handles are never freed).
@@ -150,8 +151,8 @@ unsafe fn attached_registry<'s>() -> Option<&'s crate::Reg> {
 #[inline(always)]
 fn hook(
     section: Option<DispatchSection>,
-    held: impl FnOnce(&crate::Reg, &DispatchSection),
-    nested: impl FnOnce(&crate::Reg, &rcu::ReadGuard),
+    held: impl FnOnce(&crate::registry::Reg, &DispatchSection),
+    nested: impl FnOnce(&crate::registry::Reg, &rcu::ReadGuard),
 ) {
     match section {
         Some(section) => {
@@ -212,4 +213,4 @@ pub unsafe extern "C" fn __cyg_profile_func_exit(_this_fn: *mut c_void, call_sit
 }
 
 /// The engine context of hooked calls: NULL.
-const NO_CTX: crate::EngineCtx = crate::EngineCtx(std::ptr::null_mut());
+const NO_CTX: crate::registry::EngineCtx = crate::registry::EngineCtx(std::ptr::null_mut());

@@ -4,7 +4,7 @@
 //! (C function pointers for entry and exit) on arrays of addresses, and
 //! calls [`fprobe_on_entry`] / [`fprobe_on_exit`] from its hooks, or lets
 //! the `-finstrument-functions` runtime in [`cyg`] do that for it. The
-//! header `include/fprobe.h` is generated from this file by cbindgen
+//! header `include/fprobe.h` is generated from this crate by cbindgen
 //! (`tests/header.rs` fails when it is stale; `FPROBE_BLESS=1 cargo test -p
 //! fprobe-capi --test header` rewrites it).
 //!
@@ -55,103 +55,31 @@
 #![allow(non_camel_case_types)]
 
 use std::ffi::{c_char, c_int, c_void};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use fprobe::Error;
-use fprobe::probe::{
-    C_SKIP_EXIT, CEngineCtx, CEngineRepr, CEntryContext, CExitContext, Fprobe, ProbeHandle,
-    Registry,
-};
+use fprobe::probe::{CEngineCtx, CEngineRepr, CEntryContext, CExitContext, Fprobe, ProbeHandle};
 use fprobe::rcu;
+
+mod codes;
+mod registry;
 
 #[cfg(feature = "cyg")]
 pub mod cyg;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub mod patch;
+
+pub use codes::{
+    FPROBE_E_BUSY, FPROBE_E_CAPACITY, FPROBE_E_DESTROYED, FPROBE_E_INTERNAL, FPROBE_E_INVALID,
+    FPROBE_E_NOT_FOUND, FPROBE_E_NOT_PATCHABLE, FPROBE_E_NULL, FPROBE_E_OS, FPROBE_OK,
+    FPROBE_SKIP_EXIT,
+};
+use codes::{cannot_wait, code, ffi};
 #[cfg(feature = "cyg")]
 pub use cyg::{fprobe_cyg_attach, fprobe_cyg_detach};
-
-/// Success.
-pub const FPROBE_OK: c_int = 0;
-/// A required pointer argument was null.
-pub const FPROBE_E_NULL: c_int = -1;
-/// The probe handle names no registered probe of this registry (never
-/// returned by it, already unregistered, or from another registry).
-pub const FPROBE_E_NOT_FOUND: c_int = -2;
-/// No room: `max_probes` probes are registered already, or the address
-/// index is full.
-pub const FPROBE_E_CAPACITY: c_int = -3;
-/// An argument or configuration value is out of range (the probe has no
-/// handler, its `data_size` exceeds the registry's, `max_probes` is not in
-/// 1..=65536, ...).
-pub const FPROBE_E_INVALID: c_int = -4;
-/// The registry was destroyed.
-pub const FPROBE_E_DESTROYED: c_int = -5;
-/// The call would wait for itself: `fprobe_unregister` or
-/// `fprobe_registry_destroy` from inside a handler, or the
-/// `-finstrument-functions` runtime is attached already.
-pub const FPROBE_E_BUSY: c_int = -6;
-/// An internal error was caught at the ABI boundary (a bug: please report).
-pub const FPROBE_E_INTERNAL: c_int = -7;
-/// The patching runtime refused a function: not a patchable function of a
-/// loaded object, not the `-fpatchable-function-entry=7,5` layout, or its
-/// bytes are not the expected nops.
-pub const FPROBE_E_NOT_PATCHABLE: c_int = -8;
-/// A system call of the patching runtime failed (`mprotect`, `mmap`), or
-/// no stub page could be placed near the function's object.
-pub const FPROBE_E_OS: c_int = -9;
-
-/// Returned by an entry handler: do not call the exit handler for this
-/// call. Any other value (0 by convention) means "call it".
-pub const FPROBE_SKIP_EXIT: c_int = 1;
-
-/// An opaque registry: the address index, the probe slots and each
-/// thread's shadow stack. Create with [`fprobe_registry_new`].
-pub struct fprobe_registry {
-    magic: AtomicU64,
-    /// `Arc::into_raw` of the registry; null once destroyed.
-    inner: AtomicPtr<Reg>,
-}
-
-const LIVE: u64 = 0x6670_726f_6265_5247;
-const DEAD: u64 = 0x6670_726f_6265_4444;
-
-/// The engine's context pointer, passed through to handlers untouched.
-#[derive(Clone, Copy)]
-#[repr(transparent)]
-pub(crate) struct EngineCtx(pub(crate) *mut c_void);
-
-// SAFETY: the pointer is only carried, never dereferenced, by this crate;
-// it is handed to the handlers of the thread that passed it.
-unsafe impl Send for EngineCtx {}
-// SAFETY: as above.
-unsafe impl Sync for EngineCtx {}
-
-pub(crate) type Reg = Registry<EngineCtx>;
-
-/// Registry settings. Zero in any field means its default.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct fprobe_config {
-    /// Most probes registered at once (default 256, at most 65536).
-    pub max_probes: usize,
-    /// Largest per-call data a probe may ask for, bytes (default 64).
-    pub data_size: usize,
-    /// Nesting depth each thread's shadow stack holds: calls with a return
-    /// probe of the full `data_size` (default 64; deeper calls skip their
-    /// exit handlers and count `missed_depth`).
-    pub max_depth: usize,
-    /// Addresses to presize the index for (default 0: grows on demand).
-    pub capacity: usize,
-    /// Entries of the recent-hit cache in front of the index (a power of
-    /// two in 16..=65536, 4-way); 0: no cache (the default, and usually
-    /// faster: see BENCHMARKS.md).
-    pub hit_cache_entries: usize,
-    /// Non-zero: one hit cache per CPU instead of per thread.
-    pub hit_cache_per_cpu: c_int,
-}
+use registry::{DEAD, EngineCtx, LIVE, Reg};
+pub use registry::{fprobe_config, fprobe_registry, fprobe_registry_new};
 
 /// What an entry handler sees: the probe layer's own C context, defined
 /// once (`fprobe::probe::CEntryContext`, named `fprobe_entry_ctx` in C).
@@ -268,32 +196,6 @@ impl Drop for User {
     }
 }
 
-/// Whether the calling thread is inside an RCU read-side section or a
-/// probe handler (exit handlers run outside any section), where a call
-/// that waits for dispatches would wait for itself: such calls return
-/// [`FPROBE_E_BUSY`].
-pub(crate) fn cannot_wait() -> bool {
-    rcu::in_read_section() || fprobe::probe::in_handler()
-}
-
-fn code(e: Error) -> c_int {
-    match e {
-        Error::NotFound => FPROBE_E_NOT_FOUND,
-        Error::CapacityExceeded { .. } | Error::TooManyProbes { .. } => FPROBE_E_CAPACITY,
-        Error::InvalidConfig(_) | Error::InvalidArgument(_) => FPROBE_E_INVALID,
-        _ => FPROBE_E_INTERNAL,
-    }
-}
-
-/// Runs `f` with panics caught (unwinding into C is undefined behaviour).
-fn ffi(f: impl FnOnce() -> Result<(), c_int>) -> c_int {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => FPROBE_OK,
-        Ok(Err(c)) => c,
-        Err(_) => FPROBE_E_INTERNAL,
-    }
-}
-
 /// A counted reference to a live registry, for control operations.
 ///
 /// # Safety
@@ -321,97 +223,6 @@ unsafe fn control(r: *const fprobe_registry) -> Result<Arc<Reg>, c_int> {
         Arc::increment_strong_count(p);
         Ok(Arc::from_raw(p))
     }
-}
-
-/// Creates a registry. `config` may be NULL (all defaults).
-///
-/// Returns [`FPROBE_E_NULL`] if `out` is NULL, [`FPROBE_E_INVALID`] for an
-/// out-of-range setting. Thread-safe.
-///
-/// # Safety
-///
-/// `config` is NULL or points to a valid `fprobe_config`; `out` is NULL or
-/// writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fprobe_registry_new(
-    config: *const fprobe_config,
-    out: *mut *mut fprobe_registry,
-) -> c_int {
-    ffi(|| {
-        if out.is_null() {
-            return Err(FPROBE_E_NULL);
-        }
-        // SAFETY: NULL or valid, by the contract.
-        let c = unsafe { config.as_ref() }.copied().unwrap_or_default();
-        let mut b = Registry::<EngineCtx>::builder();
-        if c.max_probes != 0 {
-            b = b.max_probes(c.max_probes);
-        }
-        if c.data_size != 0 {
-            b = b.data_size(c.data_size);
-        }
-        if c.max_depth != 0 {
-            b = b.max_depth(c.max_depth);
-        }
-        if c.capacity != 0 {
-            b = b.capacity(c.capacity);
-        }
-        if c.hit_cache_entries != 0 {
-            b = b.hit_cache(
-                fprobe::HitCacheConfig::default()
-                    .entries(c.hit_cache_entries)
-                    .per_cpu(c.hit_cache_per_cpu != 0),
-            );
-        }
-        let reg = b.build().map_err(code)?;
-        let handle = new_handle(fprobe_registry {
-            magic: AtomicU64::new(LIVE),
-            inner: AtomicPtr::new(Arc::into_raw(Arc::new(reg)).cast_mut()),
-        });
-        // SAFETY: checked non-null; writable by the contract.
-        unsafe { *out = handle };
-        Ok(())
-    })
-}
-
-/// Handles per block of [`new_handle`].
-const HANDLES_PER_BLOCK: usize = 1024;
-
-/// The block handles are cut from, and how many of it are used.
-struct HandleBlock {
-    next: *mut fprobe_registry,
-    left: usize,
-}
-
-// SAFETY: the pointer is only a cursor into leaked memory, used under the
-// mutex below.
-unsafe impl Send for HandleBlock {}
-
-static HANDLES: std::sync::Mutex<HandleBlock> = std::sync::Mutex::new(HandleBlock {
-    next: std::ptr::null_mut(),
-    left: 0,
-});
-
-/// A handle that is never freed (a tombstone once its registry is
-/// destroyed, see the crate docs). Handles are cut from blocks of their
-/// own, so that the tombstones of many registries do not pin the pages
-/// their registries' memory was on.
-fn new_handle(h: fprobe_registry) -> *mut fprobe_registry {
-    let mut b = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
-    if b.left == 0 {
-        let block: Box<[std::mem::MaybeUninit<fprobe_registry>]> =
-            Box::new_uninit_slice(HANDLES_PER_BLOCK);
-        b.next = Box::leak(block).as_mut_ptr().cast();
-        b.left = HANDLES_PER_BLOCK;
-    }
-    let p = b.next;
-    // SAFETY: `p` is an unused element of a leaked block (`left > 0`).
-    unsafe {
-        p.write(h);
-        b.next = p.add(1);
-    }
-    b.left -= 1;
-    p
 }
 
 /// Destroys a registry: detaches the `-finstrument-functions` runtime if
@@ -546,9 +357,6 @@ pub(crate) unsafe fn c_attach_args<'a>(
 unsafe impl CEngineCtx for EngineCtx {
     const REPR: CEngineRepr = CEngineRepr::ByValue;
 }
-
-// The skip code of C entry handlers is the probe layer's.
-const _: () = assert!(FPROBE_SKIP_EXIT == C_SKIP_EXIT);
 
 /// A probe calling the C handlers of `p` directly, and their `user`, to
 /// [`arm`](User::arm) once the probe is registered (a failed registration

@@ -15,10 +15,11 @@ use std::sync::Mutex;
 
 use fprobe_patch::{Attached, Error, Regs};
 
-use crate::{
+use crate::codes::{
     FPROBE_E_BUSY, FPROBE_E_CAPACITY, FPROBE_E_NOT_FOUND, FPROBE_E_NOT_PATCHABLE, FPROBE_E_NULL,
-    FPROBE_E_OS, c_attach_args, c_probe, code, ffi, fprobe_probe, fprobe_stats,
+    FPROBE_E_OS, code, ffi,
 };
+use crate::{c_attach_args, c_probe, fprobe_probe, fprobe_stats};
 
 /// A patched call's saved registers, what a handler's `engine_ctx`
 /// points at. At entry: the SysV argument registers; at exit: `rax`
@@ -125,7 +126,7 @@ pub unsafe extern "C" fn fprobe_patch_attach(
 /// detaching; [`FPROBE_E_BUSY`] from a handler (detaching waits for
 /// handlers to finish), leaving it there.
 fn take(handle: u64) -> Result<Attached, c_int> {
-    if crate::cannot_wait() {
+    if crate::codes::cannot_wait() {
         return Err(FPROBE_E_BUSY);
     }
     let mut t = ATTACHED.lock().unwrap_or_else(|p| p.into_inner());

@@ -197,6 +197,7 @@ mod rearm;
 use rearm::{Arm, OFF, TRIAL as TRIAL_BIT};
 
 use crate::context::{Context, context};
+use crate::error::Error;
 use crate::per_thread::{CacheSlot, PerThread};
 use crate::sync::unmodelled::{self, AtomicU64};
 use crate::sync::{CachePadded, Ordering, compiler_fence, fence};
@@ -954,11 +955,11 @@ impl<A: Answer> Drop for HitCache<A> {
 }
 
 impl<A: Answer> HitCache<A> {
-    /// A cache with `config`; [`Error::InvalidConfig`](crate::Error::InvalidConfig)
-    /// when it is out of range (see [`HitCacheConfig`]). Nothing is
-    /// allocated per thread until a thread's first lookup.
-    pub fn new(config: HitCacheConfig) -> Result<Self, crate::Error> {
-        config.validate().map_err(crate::Error::InvalidConfig)?;
+    /// A cache with `config`; [`Error::InvalidConfig`] when it is out of
+    /// range (see [`HitCacheConfig`]). Nothing is allocated per thread
+    /// until a thread's first lookup.
+    pub fn new(config: HitCacheConfig) -> Result<Self, Error> {
+        config.validate().map_err(Error::InvalidConfig)?;
         Ok(Self::with_sequence(
             config,
             Arc::new(CachePadded(unmodelled::AtomicU64::new(0))),

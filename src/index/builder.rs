@@ -2,8 +2,9 @@
 
 use std::marker::PhantomData;
 
-use super::AddrIndex;
-use super::raw::{Config, RawIndex, capacity_presized};
+use super::addr_index::AddrIndex;
+use super::raw::resize::capacity_presized;
+use super::raw::{Config, RawIndex};
 use crate::cache::HitCacheConfig;
 use crate::error::Error;
 
@@ -223,6 +224,13 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
             }),
             self.hit_cache,
         ))
+    }
+}
+
+impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
+    /// A builder with the default configuration.
+    pub fn builder() -> AddrIndexBuilder<V> {
+        AddrIndexBuilder::new()
     }
 }
 

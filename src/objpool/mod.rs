@@ -138,11 +138,8 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
+pub use raw::MAX_OBJECTS;
 pub(crate) use raw::RawPool;
-
-/// The most objects a pool may hold (object indices are 32-bit, and the
-/// depot reserves the two largest values as markers).
-pub const MAX_OBJECTS: usize = 1 << 31;
 
 /// The most objects a thread's magazine may hold
 /// ([`ObjPoolBuilder::thread_cache`]).

@@ -43,6 +43,10 @@ use super::depot::{Dead, Depot};
 use super::magazine::{MAX_MAGAZINE, Magazine, Magazines};
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, CachePadded, Ordering, UnsafeCell, fence};
 
+/// The most objects a pool may hold (object indices are 32-bit, and the
+/// depot reserves the two largest values as markers).
+pub const MAX_OBJECTS: usize = 1 << 31;
+
 /// Objects, depot, magazines and counters of one pool.
 pub(crate) struct RawPool<T> {
     /// Capacity of each magazine, `1..=MAX_MAGAZINE`, or 0: no magazines.
@@ -88,7 +92,7 @@ impl<T> RawPool<T> {
         mag_cap: usize,
         mut init: impl FnMut(usize) -> T,
     ) -> NonNull<Self> {
-        debug_assert!(nr_objs > 0 && nr_objs <= super::MAX_OBJECTS && mag_cap <= MAX_MAGAZINE);
+        debug_assert!(nr_objs > 0 && nr_objs <= MAX_OBJECTS && mag_cap <= MAX_MAGAZINE);
         let objs = (0..nr_objs)
             .map(|i| UnsafeCell::new(MaybeUninit::new(init(i))))
             .collect();

@@ -145,9 +145,9 @@ enum Placement {
     #[default]
     Nowhere,
     /// One shared insert: one id at all of the addresses.
-    Shared(Vec<u64>, crate::EntryId),
+    Shared(Vec<u64>, crate::index::EntryId),
     /// One entry per address.
-    Each(Vec<(u64, crate::EntryId)>),
+    Each(Vec<(u64, crate::index::EntryId)>),
 }
 
 /// Registration bookkeeping, under the registry mutex.
@@ -261,7 +261,7 @@ pub struct RegistryBuilder<C> {
     data_size: usize,
     max_depth: usize,
     capacity: usize,
-    hit_cache: Option<crate::HitCacheConfig>,
+    hit_cache: Option<crate::cache::HitCacheConfig>,
     huge_pages: bool,
     _ctx: std::marker::PhantomData<fn(&C)>,
 }
@@ -311,7 +311,7 @@ impl<C: Send + Sync + 'static> RegistryBuilder<C> {
 
     /// Puts the recent-hit cache in front of the registry's index (see
     /// [`crate::cache`]).
-    pub fn hit_cache(mut self, config: crate::HitCacheConfig) -> Self {
+    pub fn hit_cache(mut self, config: crate::cache::HitCacheConfig) -> Self {
         self.hit_cache = Some(config);
         self
     }

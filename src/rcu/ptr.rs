@@ -2,7 +2,7 @@
 
 use std::marker::PhantomData;
 
-use super::ReadGuard;
+use super::domain::ReadGuard;
 use crate::sync::{AtomicPtr, Ordering};
 
 /// An owned `Option<Box<T>>` that readers dereference under a [`ReadGuard`]
@@ -102,7 +102,7 @@ impl<T: Send + Sync + 'static> RcuPtr<T> {
         if old.is_null() {
             return None;
         }
-        super::synchronize();
+        super::domain::synchronize();
         // SAFETY: `old` came from `Box::into_raw`, was swapped out exactly
         // once (so we own it), and the grace period has ended every reader
         // that could have loaded it.
@@ -124,7 +124,7 @@ fn retire_ptr<T: Send + Sync + 'static>(old: *mut T) {
     }
     // SAFETY: `old` was swapped out exactly once, so we own it; readers may
     // still hold it until a grace period ends, which `retire_box_raw` awaits.
-    unsafe { super::retire_box_raw(old) };
+    unsafe { super::retire::retire_box_raw(old) };
 }
 
 impl<T: Send + Sync + 'static> Drop for RcuPtr<T> {
@@ -146,7 +146,7 @@ impl<T: Send + Sync + 'static> Default for RcuPtr<T> {
 
 impl<T: Send + Sync + std::fmt::Debug + 'static> std::fmt::Debug for RcuPtr<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let guard = super::read_lock();
+        let guard = super::domain::read_lock();
         f.debug_tuple("RcuPtr").field(&self.load(&guard)).finish()
     }
 }

@@ -1,7 +1,7 @@
 //! The grace-period protocol: reader records and `synchronize`.
 //!
 //! This is the core that loom models directly (the `loom_tests` module at
-//! the end builds a private [`Domain`]); `rcu/mod.rs` puts a thread-local
+//! the end builds a private [`Domain`]); `rcu/domain.rs` puts a thread-local
 //! cache and a process-wide domain in front of it. Its `unsafe` is confined
 //! to the record list's pointers (following them, and freeing the records
 //! when a domain drops), each justified where it is.

@@ -46,7 +46,7 @@
 
 mod bulk;
 pub(crate) mod record;
-mod resize;
+pub(super) mod resize;
 mod shared;
 mod slots;
 pub(crate) mod table;
@@ -55,8 +55,6 @@ use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
 
 use record::{Header, RecordPtr, drop_record};
-pub(crate) use resize::capacity_presized;
-use resize::{MIGRATE_CHUNK, ResizeState};
 use table::{FORCE_AT, LONG_PROBE, Probe, Slot, Table, is_live};
 
 use crate::error::Error;
@@ -71,6 +69,9 @@ const STRIPE_ID_BITS: u32 = 16;
 /// Bit set in the ids of shared inserts (`shared.rs`), which name no
 /// stripe: one id serves every address of the insert.
 const SHARED_ID: u64 = 1 << 63;
+
+/// Slots migrated per write while a resize is in progress.
+const MIGRATE_CHUNK: usize = 256;
 
 /// Writer-side counters of shared records (`shared.rs`).
 #[derive(Default)]
@@ -143,6 +144,20 @@ impl Stripe {
             }
         }
     }
+}
+
+/// The `resize` mutex's state: the migration in progress, if any.
+struct ResizeState {
+    /// Next slot of `root` to migrate, while `root.future` is set.
+    cursor: usize,
+    /// Slots to migrate per write during this migration:
+    /// `MIGRATE_CHUNK × ⌈old capacity / new capacity⌉ + 2`, and at least 4
+    /// per stripe (see `attach`). Every claim in the
+    /// new table pays one step, so the migration ends before the new table
+    /// can fill (see `attach`).
+    budget: usize,
+    /// The table count: tables made so far (feeds the per-table seed).
+    tables: u64,
 }
 
 /// Result of one group insert.

@@ -50,12 +50,9 @@
 use std::ptr;
 
 use super::table::{GROW_AT, Table, is_live, moved};
-use super::{RawIndex, lock, table_seed};
+use super::{MIGRATE_CHUNK, RawIndex, ResizeState, lock, table_seed};
 use crate::rcu::{self, ReadGuard};
 use crate::sync::Ordering;
-
-/// Slots migrated per write while a resize is in progress.
-pub(crate) const MIGRATE_CHUNK: usize = 256;
 
 /// Old slots a migration run scans before moving the live ones among them
 /// (`migrate`).
@@ -110,20 +107,6 @@ pub(crate) fn capacity_presized(addrs: usize, min: usize) -> usize {
         .max(min)
         .checked_next_power_of_two()
         .expect("index capacity overflow")
-}
-
-/// The `resize` mutex's state: the migration in progress, if any.
-pub(super) struct ResizeState {
-    /// Next slot of `root` to migrate, while `root.future` is set.
-    pub(super) cursor: usize,
-    /// Slots to migrate per write during this migration:
-    /// `MIGRATE_CHUNK × ⌈old capacity / new capacity⌉ + 2`, and at least 4
-    /// per stripe (see `attach`). Every claim in the
-    /// new table pays one step, so the migration ends before the new table
-    /// can fill (see `attach`).
-    pub(super) budget: usize,
-    /// The table count: tables made so far (feeds the per-table seed).
-    pub(super) tables: u64,
 }
 
 impl<V: Clone + Send + Sync + 'static> RawIndex<V> {

@@ -69,16 +69,16 @@
 //!   `sched_setaffinity` per batch (two when the CPU went away), none for a
 //!   single writer that stays put, plus one per release by a waiter or
 //!   retirer.
-//!
-//! The state sits behind a pointer so that the child of a `fork` can start
-//! from a fresh one (the reclaimer thread does not survive `fork`); see
-//! `after_fork_child`.
+
+pub(super) mod state;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use std::time::{Duration, Instant};
 
-use crate::sync::{AtomicBool, AtomicPtr, Condvar, Mutex, MutexGuard, Ordering};
+use state::{Deferred, Inner, Placement, State, Worker, state};
+
+use crate::sync::{AtomicBool, MutexGuard, Ordering};
 use crate::sys::affinity;
 
 /// Objects allowed to wait for a grace period before retiring threads feel
@@ -105,115 +105,8 @@ pub(crate) const STALL_PAUSE: Duration = Duration::from_secs(1);
 /// ([`super::set_reclaimer_follows_retirer`]).
 pub(crate) static FOLLOW: AtomicBool = AtomicBool::new(true);
 
-/// A type-erased object to drop after a grace period.
-pub(crate) struct Deferred {
-    ptr: *mut (),
-    drop_fn: unsafe fn(*mut ()),
-}
-
-// SAFETY: a `Deferred` is only created by `retire_raw`, whose contract
-// requires the object to be safe to drop on another thread (`Send`).
-unsafe impl Send for Deferred {}
-
-impl Deferred {
-    fn run(self) {
-        // SAFETY: `retire_raw`'s contract: `drop_fn(ptr)` is valid exactly
-        // once, after a grace period, which the reclaimer has waited for.
-        unsafe { (self.drop_fn)(self.ptr) }
-    }
-}
-
-struct Inner {
-    queue: Vec<Deferred>,
-    /// Objects retired so far.
-    retired: u64,
-    /// Objects dropped so far (a prefix in retirement order).
-    reclaimed: u64,
-    grace_periods: u64,
-    panics: u64,
-    worker: Worker,
-    /// CPU of the last retirement (a hint; `None` where it cannot be read
-    /// or the retirer runs under a real-time policy).
-    last_cpu: Option<usize>,
-    /// When the queue last went from empty to non-empty.
-    queue_since: Option<Instant>,
-    /// Where the reclaimer runs; `None` until it has started.
-    placement: Option<Placement>,
-}
-
-/// The reclaimer thread's affinity (module docs: placement).
-struct Placement {
-    /// Its thread id, for a waiter that sends it home.
-    #[cfg_attr(not(all(target_os = "linux", not(miri))), allow(dead_code))]
-    tid: i32,
-    /// The CPUs it inherited.
-    home: affinity::Mask,
-    /// The one CPU it is confined to now; `None`: its home mask.
-    pinned: Option<usize>,
-    /// Following is suspended until then (after a stall).
-    paused_until: Option<Instant>,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Worker {
-    NotStarted,
-    Running,
-    /// Thread creation failed: retiring threads reclaim inline.
-    Unavailable,
-}
-
-struct State {
-    inner: Mutex<Inner>,
-    /// The reclaimer waits here for work.
-    work: Condvar,
-    /// `barrier` and back-pressured retirers wait here for progress.
-    progress: Condvar,
-}
-
-static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
-
 std::thread_local! {
     static IS_RECLAIMER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-fn state() -> &'static State {
-    // Acquire: pairs with the Release CAS below; the State is initialised.
-    let p = STATE.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: states are leaked, never freed.
-        return unsafe { &*p };
-    }
-    let fresh = Box::into_raw(Box::new(State {
-        inner: Mutex::new(Inner {
-            queue: Vec::new(),
-            retired: 0,
-            reclaimed: 0,
-            grace_periods: 0,
-            panics: 0,
-            worker: Worker::NotStarted,
-            last_cpu: None,
-            queue_since: None,
-            placement: None,
-        }),
-        work: Condvar::new(),
-        progress: Condvar::new(),
-    }));
-    // Release: publishes the initialised State.
-    match STATE.compare_exchange(
-        std::ptr::null_mut(),
-        fresh,
-        Ordering::Release,
-        Ordering::Acquire,
-    ) {
-        // SAFETY: just published; leaked for the rest of the process.
-        Ok(_) => unsafe { &*fresh },
-        Err(winner) => {
-            // SAFETY: `fresh` never became visible to another thread.
-            drop(unsafe { Box::from_raw(fresh) });
-            // SAFETY: the winner's State is leaked, never freed.
-            unsafe { &*winner }
-        }
-    }
 }
 
 fn lock(st: &State) -> MutexGuard<'_, Inner> {
@@ -228,7 +121,7 @@ fn ensure_worker(st: &'static State, g: &mut Inner) {
     }
     // The fork handler must exist before there is a reclaimer thread whose
     // id a forked child could inherit (`after_fork_child`).
-    super::init();
+    super::domain::init();
     let spawned = std::thread::Builder::new()
         .name("fprobe-rcu-reclaim".into())
         .spawn(move || reclaimer(st));
@@ -330,7 +223,7 @@ fn release_stalled(g: &mut Inner) {
 
 /// One grace period, then drop `batch` (everything retired up to `upto`).
 fn reclaim_batch(st: &State, batch: Vec<Deferred>, upto: u64) {
-    super::synchronize_unchecked();
+    super::domain::synchronize_unchecked();
     let mut panics = 0;
     for d in batch {
         if catch_unwind(AssertUnwindSafe(|| d.run())).is_err() {
@@ -408,7 +301,7 @@ fn steering_cpu() -> Option<usize> {
 
 /// Whether the calling thread may block on a grace period.
 fn can_wait() -> bool {
-    !super::in_read_section() && !IS_RECLAIMER.with(|f| f.get())
+    !super::domain::in_read_section() && !IS_RECLAIMER.with(|f| f.get())
 }
 
 fn reclaim_inline(st: &State) {
@@ -440,7 +333,7 @@ fn wait_reclaimed(st: &State, target: u64) {
 /// See [`crate::rcu::barrier`].
 pub(crate) fn barrier() {
     assert!(
-        !super::in_read_section(),
+        !super::domain::in_read_section(),
         "rcu::barrier() called inside a read-side critical section (it would wait for itself)"
     );
     assert!(
@@ -483,14 +376,4 @@ pub(crate) fn stats() -> ReclaimCounts {
         panics: g.panics,
         pending: g.queue.len(),
     }
-}
-
-/// In the child of `fork`: the reclaimer thread did not survive, and the
-/// queue's lock may have been held by a thread that no longer exists. Start
-/// from a fresh state; the inherited queue is leaked (never dropped: its
-/// objects may still be referenced by the inherited copies of the parent's
-/// structures).
-pub(crate) fn after_fork_child() {
-    // Release: the child's next `state()` (Acquire load) starts afresh.
-    STATE.store(std::ptr::null_mut(), Ordering::Release);
 }
