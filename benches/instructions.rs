@@ -33,6 +33,14 @@
 //! * `depot`, `malloc` (comparisons, not in the baseline): the pool with
 //!   magazines off (the shared depot alone), and a `Box` of the same 64
 //!   bytes allocated and freed.
+//! * `kretprobe-256`, `retinst`, `retinst-256` (comparisons of the ways to
+//!   keep per-call data from entry to exit, not in the baseline):
+//!   `kretprobe` with 256 bytes of per-call data; and a
+//!   [`ReturnStack`](fprobe::retinst::ReturnStack) push + pop with 8 or 256
+//!   bytes of data, without a lookup or a handler (what an engine with its
+//!   own dispatch adds per call). Each writes and reads the data's first 8
+//!   bytes, as `kretprobe` does, so the data size changes only what the
+//!   mechanism does.
 //!
 //! A second argument `uniform` spreads the lookups and calls of the
 //! `lookup-*`, `kprobe` and `kretprobe` modes over all 50,000 addresses
@@ -64,6 +72,7 @@ mod xorshift;
 use std::hint::black_box;
 
 use fprobe::probe::{EntryAction, Fprobe, Registry};
+use fprobe::retinst::{ProbeRef, RetInstPool, ReturnStack};
 use fprobe::{AddrIndex, HitCache, HitCacheConfig, ObjPool};
 
 /// Addresses in the indexes and registries.
@@ -90,6 +99,9 @@ const MODES: &[&str] = &[
     "objpool",
     "depot",
     "malloc",
+    "kretprobe-256",
+    "retinst",
+    "retinst-256",
 ];
 
 type Obj = [u64; 8];
@@ -106,6 +118,12 @@ struct Setup {
     inline: HitCache<u64>,
     kprobe: Registry<u64>,
     kretprobe: Registry<u64>,
+    /// `kretprobe` with 256 bytes of per-call data.
+    kretprobe_256: Registry<u64>,
+    /// This thread's return stacks of pools with 8 and 256 bytes of data
+    /// per instance.
+    retinst: ReturnStack,
+    retinst_256: ReturnStack,
     /// `kprobe` with a hit cache always on in front of its index.
     kprobe_cached: Registry<u64>,
     pool: ObjPool<Obj>,
@@ -133,7 +151,7 @@ fn main() {
 }
 
 fn run(mode: &str, uniform: bool) {
-    let s = setup(uniform);
+    let mut s = setup(uniform);
     match mode {
         "none" => {}
         "rcu" => rcu(),
@@ -147,6 +165,9 @@ fn run(mode: &str, uniform: bool) {
         "objpool" => pops(&s.pool),
         "depot" => pops(&s.depot),
         "malloc" => mallocs(),
+        "kretprobe-256" => dispatches(&s.kretprobe_256, &s.hits),
+        "retinst" => return_instances(&mut s.retinst, 8, &s.hits),
+        "retinst-256" => return_instances(&mut s.retinst_256, 256, &s.hits),
         _ => unreachable!("main checked the mode"),
     }
     // Read in every mode, so that the check costs `none` the same.
@@ -212,6 +233,9 @@ fn setup(uniform: bool) -> Setup {
     let kprobe = kprobe_registry(None);
     let kprobe_cached = kprobe_registry(Some(HitCacheConfig::new().adaptive(false)));
 
+    // One probe with entry and exit handlers and 8 bytes of per-call data
+    // on every address, and the same with 256 bytes; the handlers write
+    // and read the first 8.
     let kretprobe = Registry::<u64>::builder()
         .capacity(addrs.len())
         .build()
@@ -227,6 +251,31 @@ fn setup(uniform: bool) -> Setup {
         })
         .build();
     kretprobe.register(with_exit, &addrs).expect("room");
+    let kretprobe_256 = Registry::<u64>::builder()
+        .capacity(addrs.len())
+        .data_size(256)
+        .build()
+        .expect("valid configuration");
+    let with_exit_256 = Fprobe::<u64>::builder()
+        .data_size(256)
+        .entry(|e| {
+            e.data[..8].copy_from_slice(&e.addr.to_ne_bytes());
+            EntryAction::Continue
+        })
+        .exit(|x| {
+            black_box(&x.data[..8]);
+        })
+        .build();
+    kretprobe_256.register(with_exit_256, &addrs).expect("room");
+    let return_stack = |data: usize| {
+        RetInstPool::builder()
+            .data_size(data)
+            .build()
+            .expect("valid configuration")
+            .register_thread()
+    };
+    let mut retinst = return_stack(8);
+    let mut retinst_256 = return_stack(256);
 
     let pool = ObjPool::new(1024, |_| Obj::default());
     let depot = ObjPool::builder()
@@ -246,6 +295,9 @@ fn setup(uniform: bool) -> Setup {
     inline_lookups(&inline, &index, warm);
     dispatches(&kprobe, warm);
     dispatches(&kretprobe, warm);
+    dispatches(&kretprobe_256, warm);
+    return_instances(&mut retinst, 8, warm);
+    return_instances(&mut retinst_256, 256, warm);
     dispatches(&kprobe_cached, warm);
     let cache_misses = cache_misses(&cached);
     pops_n(&pool, 1);
@@ -259,6 +311,9 @@ fn setup(uniform: bool) -> Setup {
         inline,
         kprobe,
         kretprobe,
+        kretprobe_256,
+        retinst,
+        retinst_256,
         kprobe_cached,
         pool,
         depot,
@@ -304,6 +359,22 @@ fn dispatches(reg: &Registry<u64>, stream: &[u64]) {
     for &a in stream {
         reg.on_entry(a, 0, &0);
         reg.on_exit(0, &0);
+    }
+}
+
+/// Entry + return through this thread's return stack `stack`, `data`
+/// bytes each, the first 8 written at entry and read at return.
+#[inline(never)]
+fn return_instances(stack: &mut ReturnStack, data: usize, stream: &[u64]) {
+    let probe = ProbeRef {
+        slot: 1,
+        generation: 1,
+    };
+    for &a in stream {
+        let d = stack.push(probe, a, data).expect("room");
+        d[..8].copy_from_slice(&a.to_ne_bytes());
+        let ri = stack.pop().expect("pushed");
+        black_box(&ri.data()[..8]);
     }
 }
 

@@ -78,6 +78,18 @@
 //! The first pop on a thread registers it with the RCU (one allocation);
 //! call [`crate::rcu::register_thread`] first to avoid that on the hot path.
 //!
+//! # Which to use
+//!
+//! The crate has three ways to carry data from a function's entry to its
+//! return; `BENCHMARKS.md`, section "Keeping per-call data from entry to
+//! exit: which to use", measures them side by side.
+//!
+//! | you have | use | why |
+//! |---|---|---|
+//! | an engine that dispatches through a [`Registry`](crate::probe::Registry) | the registry's own per-call data ([`Fprobe`](crate::probe::Fprobe)`::builder().data_size`) | it lives in the registry's per-thread shadow stack, inside the frame the dispatch pushes anyway: nothing to pop, nothing shared |
+//! | a dispatch of your own, and the kernel's `kretprobe_instance` model | [`retinst`](crate::retinst) | instances named by probe, a bounded pool shared by all threads, and [`expire`](crate::retinst::RetInstPool::expire) for an unregistered probe's in-flight instances; the cost does not grow with the data size |
+//! | objects that outlive a call or move between threads | [`ObjPool`](crate::ObjPool) | any thread may push back what another popped; a fixed set of preallocated objects instead of `malloc` |
+//!
 //! # Performance
 //!
 //! Entry + return with reuse is a handful of plain loads and stores on the
