@@ -162,8 +162,8 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
     /// many times a second. For example, a writer that keeps adding fresh
     /// addresses and removing old ones leaves tombstones, and each rebuild
     /// then maps fresh memory. In that case the allocator's reuse of the old
-    /// table measured about 2% more reader throughput and shorter
-    /// worst-case inserts (BENCHMARKS.md, "Huge pages").
+    /// table gave more reader throughput and shorter worst-case inserts
+    /// (BENCHMARKS.md, "Huge pages").
     pub fn huge_pages(mut self, on: bool) -> Self {
         self.huge_pages = on;
         self

@@ -40,8 +40,7 @@
 //! invokes RCU callbacks on the CPU that queued them; readers on other CPUs
 //! then lose no time to it. Left to the scheduler, it ran on the *reader's*
 //! CPU: with one reader and one writer flat out on two CPUs, the reclaimer
-//! took 10–24% of a CPU, there (every sample of a disjoint-churn phase
-//! found it on the reader's CPU; `--bench churn` in BENCHMARKS.md).
+//! took its time from the reader (`--bench churn` in BENCHMARKS.md).
 //!
 //! * It only goes to CPUs of its *home* mask: the affinity of the
 //!   process's main thread when the reclaimer started (its own inherited
