@@ -270,7 +270,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 return kept;
             }
         }
-        self.entry_slow::<MARK, RET>(call.addr, call.ret_addr, call.sp, call.saved, call.ctx)
+        self.entry_slow::<MARK, RET>(*call)
     }
 
     /// The entry of an outermost dispatch, inside its section (the
@@ -303,8 +303,11 @@ impl<C: Send + Sync + 'static> Registry<C> {
         }
         // SAFETY: inside the dispatch's section (the caller's).
         let attached = unsafe { self.index.get_in_section(call.addr) };
-        let counters = local.counters.outer();
-        self.entry_run::<MARK, RET>(local, counters, attached, call)
+        let kept = self.entry_probes::<RET>(local, local.counters.outer(), attached, call);
+        if MARK && kept == 0 {
+            local.push_bare();
+        }
+        kept
     }
 
     /// Before an outermost entry that takes its return at `sp`: when the
@@ -427,15 +430,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// dispatch nested in another.
     #[cold]
     #[inline(never)]
-    fn entry_slow<const MARK: bool, const RET: bool>(
-        &self,
-        addr: u64,
-        ret_addr: u64,
-        sp: u64,
-        saved: u64,
-        ctx: &C,
-    ) -> u64 {
-        let call = &Call::new(addr, ret_addr, sp, saved, ctx);
+    fn entry_slow<const MARK: bool, const RET: bool>(&self, call: Call<'_, C>) -> u64 {
+        let call = &call;
         let Some(rec) = rcu::thread_record() else {
             return 0;
         };
@@ -456,7 +452,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let attached = self.index.get(call.addr, &guard);
         match recursion::enter_nested() {
             Entered::Run(level) => {
-                let kept = self.entry_run::<MARK, RET>(local, counters, attached, call);
+                let kept = self.entry_probes::<RET>(local, counters, attached, call);
+                if MARK && kept == 0 {
+                    local.push_bare();
+                }
                 drop(level);
                 kept
             }
@@ -472,28 +471,6 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 0
             }
         }
-    }
-
-    /// Runs the probes of `attached` for an entry that may run handlers,
-    /// and keeps the call's frame (or counts it bare).
-    #[inline(always)]
-    fn entry_run<const MARK: bool, const RET: bool>(
-        &self,
-        local: &ShadowStack,
-        counters: CounterView,
-        attached: &[Attachment],
-        call: &Call<'_, C>,
-    ) -> u64 {
-        let kept = match attached {
-            [] => 0,
-            // One probe at the address, the usual case: straight-line code.
-            [a] => self.entry_one::<RET>(local, counters, a, call),
-            _ => self.entry_frame::<RET>(local, counters, attached, call),
-        };
-        if MARK && kept == 0 {
-            local.push_bare();
-        }
-        kept
     }
 
     /// The probe `a` names, while it is registered and enabled; counts a
@@ -520,7 +497,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         unsafe { p.as_ref() }
     }
 
-    /// The entry of one attachment: [`entry_frame`](Self::entry_frame)'s
+    /// The entry of one attachment: [`entry_probes`](Self::entry_probes)'s
     /// steps and counts, without the loop and the bookkeeping of several
     /// return entries. Returns what [`entry`](Self::entry) does.
     #[inline(always)]
@@ -551,7 +528,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         count(counters, a, Counter::Kept);
         let w = local.words();
-        // SAFETY: as in `entry_frame`: the data words lie in our
+        // SAFETY: as in `entry_probes`: the data words lie in our
         // reservation, which nothing else references until it is pushed.
         let data = unsafe { w.data_mut(at, p.data_size) };
         match run_entry(local, p, a, counters, call, data) {
@@ -581,15 +558,20 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// Runs the entry side of every probe in `attached` and pushes the
     /// call's frame when an exit is kept (see `shadow.rs` for the layout
     /// and why each step is safe against a signal handler that dispatches
-    /// in between). Returns what [`entry`](Self::entry) does.
+    /// in between). Returns what [`entry`](Self::entry) does, for a call
+    /// that keeps no bare mark.
     #[inline(always)]
-    fn entry_frame<const RET: bool>(
+    fn entry_probes<const RET: bool>(
         &self,
         local: &ShadowStack,
         counters: CounterView,
         attached: &[Attachment],
         call: &Call<'_, C>,
     ) -> u64 {
+        if let [a] = attached {
+            // One probe at the address, the usual case: straight-line code.
+            return self.entry_one::<RET>(local, counters, a, call);
+        }
         let w = local.words();
         let header = if RET { HEADER + RETURN_WORDS } else { HEADER };
         let need = header
@@ -708,8 +690,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // SAFETY: as above.
             return unsafe { self.exit_outermost_slow(c, ret_addr, ctx) };
         };
-        let counters = local.counters.outer();
-        self.exit_pop(local, counters, Ending::Run, ret_addr, ctx);
+        if !local.pop_bare() {
+            self.exit_pop_frame(local, local.counters.outer(), Ending::Run, ret_addr, ctx);
+        }
     }
 
     /// [`exit_outermost`](Self::exit_outermost) when the state is not
@@ -731,7 +714,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 true => Ending::Unrun { recursion: false },
                 false => Ending::Run,
             };
-            self.exit_pop(local, local.counters.outer(), ending, ret_addr, ctx);
+            if !local.pop_bare() {
+                self.exit_pop_frame(local, local.counters.outer(), ending, ret_addr, ctx);
+            }
         }
     }
 
@@ -780,23 +765,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
         }
     }
 
-    /// Pops a plain exit: a bare call, or a frame it ends as `ending`
-    /// says.
-    #[inline(always)]
-    fn exit_pop(
-        &self,
-        local: &ShadowStack,
-        counters: CounterView,
-        ending: Ending,
-        ret_addr: u64,
-        ctx: &C,
-    ) {
-        if !local.pop_bare() {
-            self.exit_pop_frame(local, counters, ending, ret_addr, ctx);
-        }
-    }
-
-    /// [`exit_pop`](Self::exit_pop) once no bare call is left to end.
+    /// Pops a plain exit's frame, once no bare call is left to end, and
+    /// ends it as `ending` says.
     #[inline(always)]
     fn exit_pop_frame(
         &self,
@@ -1360,6 +1330,16 @@ struct Call<'a, C> {
     saved: u64,
     ctx: &'a C,
 }
+
+// By hand: a derive would ask `C: Copy`.
+impl<C> Clone for Call<'_, C> {
+    #[inline(always)]
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<C> Copy for Call<'_, C> {}
 
 impl<'a, C> Call<'a, C> {
     #[inline(always)]
