@@ -199,6 +199,7 @@ use rearm::{Arm, OFF, TRIAL as TRIAL_BIT};
 use crate::context::{Context, context};
 use crate::error::Error;
 use crate::per_thread::{CacheSlot, PerThread};
+use crate::setters::setters;
 use crate::sync::unmodelled::{self, AtomicU64};
 use crate::sync::{CachePadded, Ordering, compiler_fence, fence};
 use crate::sys::cpu::CpuSource;
@@ -241,45 +242,35 @@ impl HitCacheConfig {
         Self::default()
     }
 
-    /// Sets the number of entries per thread.
-    pub fn entries(mut self, entries: usize) -> Self {
-        self.entries = entries;
-        self
-    }
+    setters! {
+        /// Sets the number of entries per thread.
+        entries: usize;
 
-    /// Sets the associativity.
-    pub fn ways(mut self, ways: usize) -> Self {
-        self.ways = ways;
-        self
-    }
+        /// Sets the associativity.
+        ways: usize;
 
-    /// One cache per CPU (`true`) or per thread (`false`, the default).
-    pub fn per_cpu(mut self, per_cpu: bool) -> Self {
-        self.per_cpu = per_cpu;
-        self
-    }
+        /// One cache per CPU (`true`) or per thread (`false`, the default).
+        per_cpu: bool;
 
-    /// Whether the switch may turn the cache off (`true`, the default) or
-    /// the cache serves every lookup (`false`).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use fprobe::{AddrIndex, HitCacheConfig};
-    /// let index = AddrIndex::<u32>::builder()
-    ///     .hit_cache(HitCacheConfig::new().adaptive(false))
-    ///     .build()
-    ///     .unwrap();
-    /// index.insert(7, 70).unwrap();
-    /// for _ in 0..10_000 {
-    ///     assert_eq!(index.lookup(7, |v| v[0]), Some(70));
-    /// }
-    /// let s = index.hit_cache_stats().unwrap();
-    /// assert_eq!((s.hits, s.misses, s.trials), (9_999, 1, 0));
-    /// ```
-    pub fn adaptive(mut self, adaptive: bool) -> Self {
-        self.adaptive = adaptive;
-        self
+        /// Whether the switch may turn the cache off (`true`, the default) or
+        /// the cache serves every lookup (`false`).
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use fprobe::{AddrIndex, HitCacheConfig};
+        /// let index = AddrIndex::<u32>::builder()
+        ///     .hit_cache(HitCacheConfig::new().adaptive(false))
+        ///     .build()
+        ///     .unwrap();
+        /// index.insert(7, 70).unwrap();
+        /// for _ in 0..10_000 {
+        ///     assert_eq!(index.lookup(7, |v| v[0]), Some(70));
+        /// }
+        /// let s = index.hit_cache_stats().unwrap();
+        /// assert_eq!((s.hits, s.misses, s.trials), (9_999, 1, 0));
+        /// ```
+        adaptive: bool;
     }
 
     pub(crate) fn validate(&self) -> Result<(), &'static str> {
