@@ -74,12 +74,10 @@ fn budget() -> Duration {
     soak_duration() * 4 + Duration::from_secs(120)
 }
 
-fn xorshift(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
-}
+/// The repository's one pseudo-random generator (xorshift64).
+#[path = "../benches/common/xorshift.rs"]
+mod xorshift;
+use xorshift::next as xorshift;
 
 // ------------------------------------------------------------------ index
 
