@@ -1,5 +1,8 @@
 //! The recent-hit cache never returns a stale value.
 
+#[path = "common/stress.rs"]
+mod stress;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
@@ -189,43 +192,44 @@ fn per_cpu_mode_reports_its_source_and_memory() {
 
 fn churn(config: HitCacheConfig) {
     const HOT: usize = 8;
-    let index: Arc<AddrIndex<u64>> =
-        Arc::new(AddrIndex::builder().hit_cache(config).build().unwrap());
-    // Per address: last serial whose insert returned, whose remove started,
-    // and whose remove returned.
-    let inserted: Arc<Vec<AtomicU64>> = Arc::new((0..HOT).map(|_| AtomicU64::new(0)).collect());
-    let removing: Arc<Vec<AtomicU64>> = Arc::new((0..HOT).map(|_| AtomicU64::new(0)).collect());
-    let removed: Arc<Vec<AtomicU64>> = Arc::new((0..HOT).map(|_| AtomicU64::new(0)).collect());
-    let stop = Arc::new(AtomicBool::new(false));
-    let start = Arc::new(Barrier::new(4));
-    let ms = std::env::var("FPROBE_STRESS_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1500u64);
+    /// What the writers and readers share. Per address: the last serial
+    /// whose insert returned, whose remove started, and whose remove
+    /// returned.
+    struct Shared {
+        index: AddrIndex<u64>,
+        inserted: Vec<AtomicU64>,
+        removing: Vec<AtomicU64>,
+        removed: Vec<AtomicU64>,
+        stop: AtomicBool,
+        start: Barrier,
+    }
+    let serials = || (0..HOT).map(|_| AtomicU64::new(0)).collect();
+    let shared = Arc::new(Shared {
+        index: AddrIndex::builder().hit_cache(config).build().unwrap(),
+        inserted: serials(),
+        removing: serials(),
+        removed: serials(),
+        stop: AtomicBool::new(false),
+        start: Barrier::new(4),
+    });
+    let run = stress::duration(1500);
     let mut writers = Vec::new();
     for w in 0..2usize {
-        let (index, inserted, removing, removed, stop, start) = (
-            index.clone(),
-            inserted.clone(),
-            removing.clone(),
-            removed.clone(),
-            stop.clone(),
-            start.clone(),
-        );
+        let sh = shared.clone();
         writers.push(std::thread::spawn(move || {
-            start.wait();
+            sh.start.wait();
             let mut serial = 0u64;
             let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
+            while !sh.stop.load(Ordering::Relaxed) {
                 for a in (w..HOT).step_by(2) {
                     serial += 1;
                     let s = serial << 8 | a as u64;
-                    let id = index.insert(a as u64, s).unwrap();
-                    inserted[a].store(s, Ordering::Release);
+                    let id = sh.index.insert(a as u64, s).unwrap();
+                    sh.inserted[a].store(s, Ordering::Release);
                     std::thread::yield_now();
-                    removing[a].store(s, Ordering::Release);
-                    index.remove(a as u64, id).unwrap();
-                    removed[a].store(s, Ordering::Release);
+                    sh.removing[a].store(s, Ordering::Release);
+                    sh.index.remove(a as u64, id).unwrap();
+                    sh.removed[a].store(s, Ordering::Release);
                     n += 1;
                 }
             }
@@ -234,23 +238,16 @@ fn churn(config: HitCacheConfig) {
     }
     let mut readers = Vec::new();
     for _ in 0..2 {
-        let (index, inserted, removing, removed, stop, start) = (
-            index.clone(),
-            inserted.clone(),
-            removing.clone(),
-            removed.clone(),
-            stop.clone(),
-            start.clone(),
-        );
+        let sh = shared.clone();
         readers.push(std::thread::spawn(move || {
-            start.wait();
+            sh.start.wait();
             let mut checks = 0u64;
-            while !stop.load(Ordering::Relaxed) {
+            while !sh.stop.load(Ordering::Relaxed) {
                 for a in 0..HOT {
-                    let dead = removed[a].load(Ordering::Acquire);
-                    let live = inserted[a].load(Ordering::Acquire);
+                    let dead = sh.removed[a].load(Ordering::Acquire);
+                    let live = sh.inserted[a].load(Ordering::Acquire);
                     let g = rcu::read_lock();
-                    let vals = index.get(a as u64, &g);
+                    let vals = sh.index.get(a as u64, &g);
                     for &v in vals {
                         assert!(
                             v > dead,
@@ -262,7 +259,7 @@ fn churn(config: HitCacheConfig) {
                     if live > dead && !saw_live {
                         // Only allowed if its removal started meanwhile.
                         assert!(
-                            removing[a].load(Ordering::Acquire) >= live,
+                            sh.removing[a].load(Ordering::Acquire) >= live,
                             "inserted value {live:#x} at {a} not visible"
                         );
                     }
@@ -272,8 +269,8 @@ fn churn(config: HitCacheConfig) {
             checks
         }));
     }
-    std::thread::sleep(Duration::from_millis(ms));
-    stop.store(true, Ordering::Relaxed);
+    std::thread::sleep(run);
+    shared.stop.store(true, Ordering::Relaxed);
     // Under miri the run is too short to be sure every thread got a turn.
     for w in writers {
         assert!(w.join().unwrap() > 0 || cfg!(miri));
@@ -281,7 +278,7 @@ fn churn(config: HitCacheConfig) {
     for r in readers {
         assert!(r.join().unwrap() > 0 || cfg!(miri));
     }
-    let s = index.hit_cache_stats().unwrap();
+    let s = shared.index.hit_cache_stats().unwrap();
     assert!(s.hits + s.misses + s.bypassed > 0 || cfg!(miri));
     println!("hit cache under churn: {s:?}");
 }

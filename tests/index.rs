@@ -1,6 +1,9 @@
 //! Tests of `fprobe::AddrIndex`: API behaviour, a model-based property
 //! test, adversarial address sets and a concurrent stress test.
 
+#[path = "common/stress.rs"]
+mod stress;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -673,11 +676,7 @@ proptest! {
 // --------------------------------------------------------------- stress
 
 fn stress_duration() -> Duration {
-    let ms = std::env::var("FPROBE_STRESS_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(if cfg!(miri) { 50 } else { 1500 });
-    Duration::from_millis(ms)
+    stress::duration(if cfg!(miri) { 50 } else { 1500 })
 }
 
 /// Value whose drop is counted and that poisons itself, so a reader that

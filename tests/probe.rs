@@ -1,5 +1,8 @@
 //! The probe layer: dispatch, pairing, misses by cause, safe unregister.
 
+#[path = "common/stress.rs"]
+mod stress;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
@@ -983,10 +986,7 @@ proptest::proptest! {
 /// more exits than hits within a few hundred milliseconds.
 #[test]
 fn stats_read_during_dispatch_never_show_more_exits_than_hits() {
-    let ms = std::env::var("FPROBE_STRESS_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500);
+    let run = stress::duration(500);
     let reg = Arc::new(Registry::<()>::builder().build().unwrap());
     let probe = Fprobe::<()>::builder()
         .entry(|_| EntryAction::Continue)
@@ -1005,7 +1005,7 @@ fn stats_read_during_dispatch_never_show_more_exits_than_hits() {
             })
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_millis(ms);
+    let deadline = Instant::now() + run;
     let mut reads = 0u64;
     let mut bad = None;
     while Instant::now() < deadline && bad.is_none() {

@@ -1,5 +1,8 @@
 //! Integration and stress tests of `fprobe::rcu`.
 
+#[path = "common/stress.rs"]
+mod stress;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -43,11 +46,7 @@ impl Drop for Poisoned {
 }
 
 fn stress_duration() -> Duration {
-    let ms = std::env::var("FPROBE_STRESS_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(if cfg!(miri) { 50 } else { 1500 });
-    Duration::from_millis(ms)
+    stress::duration(if cfg!(miri) { 50 } else { 1500 })
 }
 
 /// Readers dereference an object that writers replace and retire
