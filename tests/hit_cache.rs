@@ -472,26 +472,31 @@ fn standalone_cache_is_never_stale_after_invalidate() {
     use fprobe::HitCache;
     use std::sync::RwLock;
     const HOT: u64 = 8;
-    let table: Arc<RwLock<Vec<u64>>> = Arc::new(RwLock::new(vec![0; HOT as usize]));
-    let published: Arc<Vec<AtomicU64>> = Arc::new((0..HOT).map(|_| AtomicU64::new(0)).collect());
-    let cache = Arc::new(HitCache::<u64>::new(HitCacheConfig::new().adaptive(false)).unwrap());
-    let stop = Arc::new(AtomicBool::new(false));
+    /// What the writer and the readers share: the table behind the cache,
+    /// and per address the last serial written and invalidated.
+    struct Shared {
+        table: RwLock<Vec<u64>>,
+        published: Vec<AtomicU64>,
+        cache: HitCache<u64>,
+        stop: AtomicBool,
+    }
+    let shared = Arc::new(Shared {
+        table: RwLock::new(vec![0; HOT as usize]),
+        published: (0..HOT).map(|_| AtomicU64::new(0)).collect(),
+        cache: HitCache::new(HitCacheConfig::new().adaptive(false)).unwrap(),
+        stop: AtomicBool::new(false),
+    });
     let ms = if cfg!(miri) { 50 } else { 500 };
     let writer = {
-        let (table, published, cache, stop) = (
-            table.clone(),
-            published.clone(),
-            cache.clone(),
-            stop.clone(),
-        );
+        let sh = shared.clone();
         std::thread::spawn(move || {
             let mut serial = 0;
-            while !stop.load(Ordering::Relaxed) {
+            while !sh.stop.load(Ordering::Relaxed) {
                 for a in 0..HOT as usize {
                     serial += 1;
-                    table.write().unwrap()[a] = serial;
-                    cache.invalidate();
-                    published[a].store(serial, Ordering::Release);
+                    sh.table.write().unwrap()[a] = serial;
+                    sh.cache.invalidate();
+                    sh.published[a].store(serial, Ordering::Release);
                 }
                 std::thread::yield_now();
             }
@@ -499,18 +504,13 @@ fn standalone_cache_is_never_stale_after_invalidate() {
     };
     let readers: Vec<_> = (0..2)
         .map(|_| {
-            let (table, published, cache, stop) = (
-                table.clone(),
-                published.clone(),
-                cache.clone(),
-                stop.clone(),
-            );
+            let sh = shared.clone();
             std::thread::spawn(move || {
                 let mut checks = 0u64;
-                while !stop.load(Ordering::Relaxed) {
+                while !sh.stop.load(Ordering::Relaxed) {
                     for a in 0..HOT {
-                        let floor = published[a as usize].load(Ordering::Acquire);
-                        let got = cache.lookup(a, || table.read().unwrap()[a as usize]);
+                        let floor = sh.published[a as usize].load(Ordering::Acquire);
+                        let got = sh.cache.lookup(a, || sh.table.read().unwrap()[a as usize]);
                         assert!(
                             got >= floor,
                             "stale answer {got} at {a} (published {floor})"
@@ -523,12 +523,12 @@ fn standalone_cache_is_never_stale_after_invalidate() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(ms));
-    stop.store(true, Ordering::Relaxed);
+    shared.stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
     for r in readers {
         assert!(r.join().unwrap() > 0 || cfg!(miri));
     }
-    let s = cache.stats();
+    let s = shared.cache.stats();
     assert!(s.hits > 0 || cfg!(miri), "{s:?}");
 }
 

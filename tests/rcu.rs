@@ -190,16 +190,30 @@ fn nesting_keeps_outer_protection() {
         drop(inner);
     }
     assert!(rcu::in_read_section());
-    ptr.replace(Poisoned::new(2, &drops));
     // A grace period on another thread must still wait for `outer`.
+    replace_while_held(&ptr, obj, &drops, || drop(outer));
+    assert!(!rcu::in_read_section());
+}
+
+/// Replaces `ptr`'s object `obj`, which a section of this thread still
+/// holds: a grace period on another thread waits, `obj` stays alive, until
+/// `end` ends that section; then the old object is freed.
+fn replace_while_held(
+    ptr: &RcuPtr<Poisoned>,
+    obj: *const Poisoned,
+    drops: &Arc<AtomicUsize>,
+    end: impl FnOnce(),
+) {
+    ptr.replace(Poisoned::new(2, drops));
     let waiter = std::thread::spawn(rcu::barrier);
     std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(obj.magic.load(Ordering::Relaxed), ALIVE);
+    // SAFETY: the caller's section still holds `obj` (and `drops` shows it
+    // was not freed); `end` has not run yet.
+    assert_eq!(unsafe { (*obj).magic.load(Ordering::Relaxed) }, ALIVE);
     assert_eq!(drops.load(Ordering::Relaxed), 0);
-    drop(outer);
+    end();
     waiter.join().unwrap();
     assert_eq!(drops.load(Ordering::Relaxed), 1);
-    assert!(!rcu::in_read_section());
 }
 
 #[test]
@@ -211,14 +225,7 @@ fn guards_may_drop_out_of_order() {
     let obj = ptr.load(&b).unwrap();
     drop(a); // `b` still protects `obj`
     assert!(rcu::in_read_section());
-    ptr.replace(Poisoned::new(2, &drops));
-    let waiter = std::thread::spawn(rcu::barrier);
-    std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(obj.magic.load(Ordering::Relaxed), ALIVE);
-    assert_eq!(drops.load(Ordering::Relaxed), 0);
-    drop(b);
-    waiter.join().unwrap();
-    assert_eq!(drops.load(Ordering::Relaxed), 1);
+    replace_while_held(&ptr, obj, &drops, || drop(b));
 }
 
 #[test]
