@@ -22,6 +22,21 @@ san_need_nightly() { # san_need_nightly NAME
   mkdir -p "$san_dir"
 }
 
+# san_setup NAME RUSTFLAGS PROPTEST_CASES: san_need_nightly NAME, then
+# builds with RUSTFLAGS (docs too) into $san_dir; short stress runs
+# (FPROBE_STRESS_MS 1000) and PROPTEST_CASES cases unless the caller set
+# them.
+san_setup() {
+  san_need_nightly "$1"
+  export RUSTFLAGS="$2"
+  export RUSTDOCFLAGS="$RUSTFLAGS"
+  export CARGO_TARGET_DIR="$san_dir"
+  export FPROBE_STRESS_MS="${FPROBE_STRESS_MS:-1000}" PROPTEST_CASES="${PROPTEST_CASES:-$3}"
+}
+
+# san_cargo ARGS...: `cargo test` with the sanitizer's std, for $san_target.
+san_cargo() { cargo +nightly test -Zbuild-std --target "$san_target" "$@"; }
+
 # san_canary NAME PATTERN CMD...: runs CMD (a checker run of a deliberately
 # broken test); passes only if it fails AND its output matches PATTERN.
 san_canary() {

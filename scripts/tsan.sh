@@ -11,17 +11,12 @@
 set -u
 cd "$(dirname "$0")/.."
 . scripts/sanitizer-common.sh
-san_need_nightly tsan
-export RUSTFLAGS="-Zsanitizer=thread --cfg fprobe_tsan"
-export RUSTDOCFLAGS="$RUSTFLAGS"
-export CARGO_TARGET_DIR="$san_dir"
+san_setup tsan "-Zsanitizer=thread --cfg fprobe_tsan" 16
 # halt_on_error: the first report fails the test binary.
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
-export FPROBE_STRESS_MS="${FPROBE_STRESS_MS:-1000}" PROPTEST_CASES="${PROPTEST_CASES:-16}"
-cargo_tsan() { cargo +nightly test -Zbuild-std --target "$san_target" "$@"; }
 status=0
 echo "== tsan: building std and the tests with -Zsanitizer=thread"
-san_build tsan cargo_tsan --no-run --test rcu --test index --test objpool --test retinst --test probe --test hit_cache --test canary
+san_build tsan san_cargo --no-run --test rcu --test index --test objpool --test retinst --test probe --test hit_cache --test canary
 # fork(2) from a multi-threaded process is outside what TSan supports (it
 # may hang or report in the child), so the fork test is skipped here.
 for t in rcu index objpool retinst probe hit_cache; do
@@ -30,13 +25,13 @@ for t in rcu index objpool retinst probe hit_cache; do
   [ "$t" = rcu ] && skip=(--skip fork_child_can_synchronize)
   [ "$t" = hit_cache ] && skip=(--skip cached_index_works_in_a_forked_child)
   [ "$t" = probe ] && skip=(--skip fork_child_does_not_wait_for_exits)
-  cargo_tsan --test "$t" -- "${skip[@]}" || status=1
+  san_cargo --test "$t" -- "${skip[@]}" || status=1
 done
 # The patching runtime while threads run patched code (fork skipped as
 # above; its code writes are outside TSan's view, the registry and the
 # runtime's own state are not).
 echo "== tsan: patching runtime (fprobe-patch-ctest)"
-cargo_tsan -p fprobe-patch-ctest --test patch --test lean --test everywhere --test signals -- --skip a_forked_child || status=1
+san_cargo -p fprobe-patch-ctest --test patch --test lean --test everywhere --test signals -- --skip a_forked_child || status=1
 san_canary tsan "ThreadSanitizer: data race" \
-  cargo_tsan --test canary -- --ignored --exact canary_relaxed_publication || status=1
+  san_cargo --test canary -- --ignored --exact canary_relaxed_publication || status=1
 exit $status
