@@ -474,10 +474,18 @@ impl<C: Send + Sync + 'static> Registry<C> {
     }
 
     /// The probe `a` names, while it is registered and enabled; counts a
-    /// hit on a disabled one. Called inside the dispatch's read-side
-    /// section, which the probe outlives.
+    /// hit on a disabled one.
+    ///
+    /// # Safety
+    ///
+    /// The caller is inside the dispatch's read-side section for as long
+    /// as the reference lives (as for `ProbeSlot::probe_of`).
     #[inline(always)]
-    fn live_probe(&self, counters: CounterView, a: &Attachment) -> Option<&super::def::Fprobe<C>> {
+    unsafe fn live_probe(
+        &self,
+        counters: CounterView,
+        a: &Attachment,
+    ) -> Option<&super::def::Fprobe<C>> {
         // SAFETY: `a.slot` indexes `self.slots` (`Attachment` invariant).
         let slot = unsafe { self.slots.get_unchecked(a.slot as usize) };
         // Acquire: pairs with the Release state store of
@@ -491,9 +499,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
         }
         // Relaxed: ordered by the Acquire above.
         let p = slot.probe.load(Ordering::Relaxed);
-        // SAFETY: the generation matched inside our read section, so
-        // `unregister` has not passed its grace period, and it frees the
-        // probe only after it: the probe lives until we leave the section.
+        // SAFETY: the generation matched inside the caller's read section
+        // (this function's contract), so `unregister` has not passed its
+        // grace period, and it frees the probe only after it: the probe
+        // lives until the caller leaves the section.
         unsafe { p.as_ref() }
     }
 
@@ -508,7 +517,11 @@ impl<C: Send + Sync + 'static> Registry<C> {
         a: &Attachment,
         call: &Call<'_, C>,
     ) -> u64 {
-        let Some(p) = self.live_probe(counters, a) else {
+        // SAFETY: `entry_one` runs only inside a dispatch's section (it is
+        // reached from `entry_outermost` and `entry_slow` alone, with
+        // `attached` from the index under that section), which outlives
+        // every use of `p` here.
+        let Some(p) = (unsafe { self.live_probe(counters, a) }) else {
             return 0;
         };
         let header = if RET { HEADER + RETURN_WORDS } else { HEADER };
@@ -587,7 +600,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         let (mut used, mut n) = (0usize, 0u64);
         for a in attached {
-            let Some(p) = self.live_probe(counters, a) else {
+            // SAFETY: inside the dispatch's section, which outlives `p`'s use
+            // here.
+            let Some(p) = (unsafe { self.live_probe(counters, a) }) else {
                 continue;
             };
             // One count per hit: `Kept` for a hit that gets a return entry
