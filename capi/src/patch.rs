@@ -21,24 +21,10 @@ use crate::codes::{
 };
 use crate::{c_attach_args, c_probe, fprobe_probe, fprobe_stats};
 
-/// A patched call's saved registers, what a handler's `engine_ctx`
-/// points at. At entry: the SysV argument registers; at exit: `rax`
-/// (`gp[6]`), `rdx` (`gp[2]`), `xmm0` and `xmm1` hold the return value,
-/// the rest is unspecified.
-#[repr(C)]
-pub struct fprobe_patch_regs {
-    /// `rdi rsi rdx rcx r8 r9 rax r10`.
-    pub gp: [u64; 8],
-    /// `xmm0`–`xmm7`, 16 bytes each (a `double` argument is the first 8).
-    pub xmm: [[u8; 16]; 8],
-}
-
-// The handlers get a `Regs` as a `fprobe_patch_regs`: same layout.
-const _: () = {
-    assert!(std::mem::size_of::<Regs>() == std::mem::size_of::<fprobe_patch_regs>());
-    assert!(std::mem::offset_of!(Regs, gp) == std::mem::offset_of!(fprobe_patch_regs, gp));
-    assert!(std::mem::offset_of!(Regs, xmm) == std::mem::offset_of!(fprobe_patch_regs, xmm));
-};
+/// A patched call's saved registers, what a handler's `engine_ctx` points
+/// at: the patching runtime's own `repr(C)` type, defined once
+/// (`fprobe_patch::Regs`, named `fprobe_patch_regs` in C).
+pub type fprobe_patch_regs = Regs;
 
 /// Attached probes by handle.
 static ATTACHED: Mutex<(u64, Option<HashMap<u64, Attached>>)> = Mutex::new((0, None));

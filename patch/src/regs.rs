@@ -1,28 +1,20 @@
 //! The registers a probe's handlers see.
 
-/// The saved registers of a probed call, the context every handler of the
-/// patching runtime's registry gets (`EntryContext::ctx`,
-/// `ExitContext::ctx`). At entry: the SysV argument registers; at exit:
-/// the return registers ([`ret`](Self::ret), [`ret2`](Self::ret2),
-/// [`float_ret`](Self::float_ret)), the others unspecified.
+/// A patched call's saved registers, what every handler's context points
+/// at (`EntryContext::ctx` and `ExitContext::ctx` in Rust, `engine_ctx` in
+/// C, where this type is named `fprobe_patch_regs`). At entry: the SysV
+/// argument registers; at exit: `rax` (`gp[6]`), `rdx` (`gp[2]`), `xmm0`
+/// and `xmm1` hold the return value, the rest is unspecified.
 ///
-/// # Examples
-///
-/// ```
-/// let r = fprobe_patch::Regs::default();
-/// assert_eq!(r.arg(0), 0);
-/// ```
-///
-/// The layout is fixed (`repr(C)`, 192 bytes, what the C ABI exposes as
-/// `fprobe_patch_regs`).
+/// The layout is fixed: 192 bytes, `gp` at offset 0 and `xmm` at 64, the
+/// offsets the trampolines store at.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Regs {
-    /// `rdi rsi rdx rcx r8 r9 rax r10`, at offset 0 (the trampolines'
-    /// store order: `tramp.rs` writes these offsets).
+    /// `rdi rsi rdx rcx r8 r9 rax r10`.
     pub gp: [u64; 8],
-    /// `xmm0`–`xmm7`, at offset 64.
-    pub xmm: [u128; 8],
+    /// `xmm0`–`xmm7`, 16 bytes each (a `double` argument is the first 8).
+    pub xmm: [[u8; 16]; 8],
 }
 
 /// C handlers ([`FprobeBuilder::entry_c`](fprobe::probe::FprobeBuilder::entry_c))
@@ -37,6 +29,14 @@ const RDX: usize = 2;
 
 impl Regs {
     /// Integer argument `i` (0–5: `rdi rsi rdx rcx r8 r9`), at entry.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let mut r = fprobe_patch::Regs::default();
+    /// r.gp[1] = 7;
+    /// assert_eq!(r.arg(1), 7);
+    /// ```
     ///
     /// # Panics
     ///
@@ -53,7 +53,7 @@ impl Regs {
     ///
     /// If `i > 7`.
     pub fn xmm(&self, i: usize) -> u128 {
-        self.xmm[i]
+        u128::from_ne_bytes(self.xmm[i])
     }
 
     /// Floating-point argument `i` (0–7), at entry.
@@ -62,7 +62,7 @@ impl Regs {
     ///
     /// If `i > 7`.
     pub fn float_arg(&self, i: usize) -> f64 {
-        f64::from_bits(self.xmm[i] as u64)
+        f64::from_bits(self.xmm(i) as u64)
     }
 
     /// `rax`: the integer return value, at exit.
@@ -77,6 +77,6 @@ impl Regs {
 
     /// The floating-point return value (`xmm0`'s low 64 bits), at exit.
     pub fn float_ret(&self) -> f64 {
-        f64::from_bits(self.xmm[0] as u64)
+        f64::from_bits(self.xmm(0) as u64)
     }
 }
