@@ -4,8 +4,9 @@
 //! *which probe handlers are attached to this function address?* millions of
 //! times a second on every core.
 //!
-//! * [`rcu`] — read-side critical sections that cost about a nanosecond,
-//!   grace periods, deferred reclamation.
+//! * [`rcu`] — read-side critical sections of one load and one store (no
+//!   atomic read-modify-write, no fence), grace periods, deferred
+//!   reclamation.
 //! * [`AddrIndex`] ([`index`]) — the address index: a multi-value concurrent
 //!   hash table with lock-free, store-free lookups and online resize.
 //! * [`cache`] — an opt-in per-thread or per-CPU recent-hit cache that

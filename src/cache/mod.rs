@@ -34,7 +34,7 @@
 //! The switch's trials run on a separate path (below). Measured in
 //! instructions per lookup by `scripts/instructions.sh` (modes
 //! `hitcache-inline`, `hitcache-hit`, `kprobe-hitcache`); figures in
-//! `BENCHMARKS.md`, section "Instruction counts".
+//! `BENCHMARKS.md`, section "Instruction counts (callgrind)".
 //!
 //! # When to turn it on
 //!
@@ -44,8 +44,9 @@
 //! lookups), and answers a caller can hold inline (a hit then skips the
 //! read-side section as well). Where it does not pay, the default switch
 //! turns it off (below), but an index whose cache is off still looks up
-//! slower than one without a cache (timed: by a tenth to a fifth, for one
-//! load of the switch's bound and one compare per lookup): build an index
+//! slower than one without a cache (one load of the switch's bound and
+//! one compare per lookup; `BENCHMARKS.md`, section "Recent-hit cache",
+//! times it): build an index
 //! with a cache only where the trace is known to be skewed.
 //! `BENCHMARKS.md`, section "Recent-hit cache", has the traces measured.
 //!

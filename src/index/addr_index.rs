@@ -433,7 +433,8 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
     /// process-wide domain for as long as the returned slice lives.
     #[inline(always)]
     pub(crate) unsafe fn get_in_section(&self, addr: u64) -> &[V] {
-        // SAFETY: forwarded contract; `self` is borrowed for `'g`.
+        // SAFETY: forwarded contract: the caller's section keeps what the
+        // slice points at alive for as long as the slice.
         unsafe { self.values(addr) }
     }
 
@@ -654,7 +655,7 @@ pub struct IndexStats {
     /// Slots of the newest table holding a key (live, emptied, or moved).
     pub claimed_slots: usize,
     /// Longest distance of a key from its home slot in the newest table.
-    /// Linear probing at the growth threshold (50% load) gives about 35
+    /// Linear probing at the growth threshold (50% load) gives a few dozen
     /// even for random keys;
     /// [`mean_probe`](Self::mean_probe) is the figure lookups feel.
     pub longest_probe: usize,

@@ -151,7 +151,8 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
     /// growth faults a new table in 2 MiB at a time instead of 4 KiB
     /// (BENCHMARKS.md, "Huge pages"). Smaller tables stay on the global
     /// allocator either way: in 4 KiB pages they still fit a core's
-    /// second-level TLB, and huge pages measured no steady gain there. The
+    /// second-level TLB, so huge pages have little to save there and still
+    /// cost what `huge_pages(false)` below avoids. The
     /// kernel decides whether huge pages are used
     /// (`/sys/kernel/mm/transparent_hugepage/enabled` must not be `never`);
     /// with its `defrag` setting at `madvise` or `always`, a fault may
@@ -161,9 +162,9 @@ impl<V: Clone + Send + Sync + 'static> AddrIndexBuilder<V> {
     /// Off is also the better choice for a large index whose table is rebuilt
     /// many times a second. For example, a writer that keeps adding fresh
     /// addresses and removing old ones leaves tombstones, and each rebuild
-    /// then maps fresh memory. In that case the allocator's reuse of the old
-    /// table gave more reader throughput and shorter worst-case inserts
-    /// (BENCHMARKS.md, "Huge pages").
+    /// then maps fresh memory and unmaps the old table (a TLB shootdown on
+    /// the process's other CPUs), where the global allocator reuses memory
+    /// that is already resident.
     pub fn huge_pages(mut self, on: bool) -> Self {
         self.huge_pages = on;
         self

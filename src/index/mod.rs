@@ -73,7 +73,7 @@
 //! A key in its home pair of slots (nearly all keys at the loads the table
 //! runs at: it grows at 50%) is found with one well-predicted branch. A key
 //! past it costs a mispredicted branch and a walk along its probe sequence
-//! (`BENCHMARKS.md`, "Keys past their home pair", measures how much).
+//! (`BENCHMARKS.md`, section "Single-thread latency", measures how much).
 //! Which keys those are depends on the hash seed, random per index by
 //! default, so a workload that sends most lookups to a few addresses pays
 //! more of that cost in one index than in another.

@@ -121,14 +121,13 @@
 //! exit with handlers adds the section and, per kept handler, three stack
 //! reads, the state load, the call and a counter increment. Nested
 //! dispatches (a handler's, a signal handler's) and a thread's first one
-//! take a cold path. With every line in cache that is about 125
-//! instructions for an entry + exit pair without exit handler and 239
-//! with one (`benches/instructions.rs`, modes `kprobe` and `kretprobe`,
-//! under callgrind: `scripts/instructions.sh`), of which the lookup and
-//! its read-side section take about 65. A lock-free exit and per-thread
-//! everything make dispatch scale with threads where a locked table
-//! collapses. Figures: `BENCHMARKS.md`, sections "Probe dispatch" and
-//! "Instruction counts".
+//! take a cold path. `scripts/instructions.sh` counts an entry + exit
+//! pair's instructions under callgrind, without an exit handler and with
+//! one (`benches/instructions.rs`, modes `kprobe` and `kretprobe`), and
+//! fails when either rises. A lock-free exit and per-thread everything
+//! make dispatch scale with threads where a locked table collapses.
+//! Figures: `BENCHMARKS.md`, sections "Probe dispatch" and "Instruction
+//! counts (callgrind)".
 //!
 //! # Examples
 //!

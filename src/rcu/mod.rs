@@ -4,11 +4,11 @@
 //! The flavour is liburcu's "memb": readers touch only a thread-local word
 //! and run no fence, and writers pay with a process-wide barrier
 //! (`membarrier(2)` on Linux; see "Writer-side barrier" below for every
-//! platform). It is hand-written
-//! rather than taken from crossbeam-epoch, seize or arc-swap because their
-//! read guards cost an atomic read-modify-write or a `SeqCst` fence per pin
-//! (several times this read side: `BENCHMARKS.md`, "RCU read side"), and
-//! this is the hot path of every probe hit.
+//! platform). It is hand-written rather than taken from crossbeam-epoch,
+//! seize or arc-swap because their read guards cost an atomic
+//! read-modify-write or a `SeqCst` fence per pin (compared with this read
+//! side in `BENCHMARKS.md`, section "RCU read side"), and this is the hot
+//! path of every probe hit.
 //!
 //! # Usage
 //!

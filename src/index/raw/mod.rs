@@ -31,8 +31,7 @@
 //! counted once, index-wide, by whoever builds or frees it), and a stripe reserves slot
 //! claims in the newest table several at a time (claim credits,
 //! `insert_group_at`): a count that every insert wrote would bounce one
-//! line between the registering threads, making two of them slower in
-//! total than one. The exception is
+//! line between the registering threads. The exception is
 //! `max_addresses`: a limit needs one count that a check-and-add updates
 //! atomically, so an index with a limit keeps one.
 //!
@@ -796,8 +795,7 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
             // and more: conservative). Without it, claims made before any
             // migration step ran (a bulk insert's stripe run, or writers on
             // several stripes at once) could fill the table and leave the
-            // migration no slot (found by the index_concurrent fuzz target:
-            // "address index table full").
+            // migration no slot ("address index table full").
             // Acquire: as for every root load (the migration's swap publishes
             // it with Release); only compared here.
             let migrating = !ptr::eq(table, self.root.ptr.load(Ordering::Acquire));

@@ -88,14 +88,14 @@ pub(crate) fn capacity_for(addrs: usize, min: usize) -> usize {
 ///
 /// Sized at 50% load instead ([`capacity_for`]), a table whose claims are
 /// mostly tombstones (a writer that keeps adding new addresses and
-/// removing old ones) was replaced by one of the same size with almost no
-/// room: 54,000 live keys in 131,072 slots left room for 11,500 claims, so
-/// every new address paid for moving 4.7 old ones, and readers saw a fresh,
-/// cold table about 150 times a second. Here the migration costs at most
-/// 2 moved keys per claim, at the price of a table up to twice as large
-/// while most claims are turned into tombstones. A table that grows by
-/// inserts alone (no tombstones: `live` is half the capacity) doubles as
-/// before.
+/// removing old ones) would be replaced by one of the same size with
+/// almost no room: 54,000 live keys in 131,072 slots leave room for 11,536
+/// claims before the next growth, so every new address would pay for
+/// moving 4.7 old ones, and readers would see a fresh, cold table after
+/// every 11,536 new addresses. Here the migration costs at most 2 moved
+/// keys per claim, at the price of a table up to twice as large while
+/// most claims are turned into tombstones. A table that grows by inserts
+/// alone (no tombstones: `live` is half the capacity) doubles.
 pub(crate) fn capacity_grown(live: usize, min: usize) -> usize {
     capacity_for(live.saturating_mul(3).div_ceil(2), min)
 }
@@ -267,9 +267,8 @@ impl<V: Clone + Send + Sync + 'static> RawIndex<V> {
     /// least 1/64 of the old capacity. Callers size it from a count of live
     /// addresses read without the stripe locks, which writers may have
     /// outgrown by the time every stripe lock is held (a shrink decided on
-    /// a count of 1 while a bulk insert added 16 keys: the migration found
-    /// the new table full, found by the `index_concurrent` fuzz target); so
-    /// the count is read again under every stripe lock, where it is exact,
+    /// a count of 1 while a bulk insert adds 16 keys would leave the
+    /// migration a table too small for them); so the count is read again under every stripe lock, where it is exact,
     /// and a table that is too small is replaced before it is attached.
     /// Each claim in it migrates `budget` ≥ `MIGRATE_CHUNK × ⌈old / new⌉ + 2`
     /// old slots (the `+ 2`: the extra slot and key 0's), so the migration
@@ -485,11 +484,11 @@ mod tests {
         }
     }
 
-    /// Regression (found by the `index_concurrent` fuzz target): a resize
-    /// sized from a stale count of live addresses (writers added keys
-    /// between the count and the attach) attached a table too small for
-    /// the keys to migrate, and the migration panicked ("address index
-    /// table full"). `attach` now re-counts under every stripe lock.
+    /// A resize sized from a stale count of live addresses (writers added
+    /// keys between the count and the attach) still attaches a table that
+    /// every key migrates into: `attach` re-counts under every stripe lock
+    /// (without it, the migration panics with "address index table
+    /// full").
     #[test]
     fn attach_sized_from_a_stale_count_still_fits_every_key() {
         let index = RawIndex::<u64>::new(config());
@@ -512,11 +511,11 @@ mod tests {
         assert!(root.capacity() >= 40, "capacity {}", root.capacity());
     }
 
-    /// Regression (found by the `index_concurrent` fuzz target): claims
-    /// made in a table being migrated into, before any migration step ran
-    /// (a bulk insert's stripe run, or writers on several stripes), filled
-    /// it to 90% and left the migration no slot: "address index table
-    /// full". Each claim must now leave room for the keys still to migrate.
+    /// Claims made in a table being migrated into, before any migration
+    /// step ran (a bulk insert's stripe run, or writers on several
+    /// stripes), leave the migration room: each claim leaves room for the
+    /// keys still to migrate (without it, they fill the table to 90% and
+    /// the migration finds no slot: "address index table full").
     #[test]
     fn claims_during_a_migration_leave_room_for_it() {
         let index = RawIndex::<u64>::new(config());

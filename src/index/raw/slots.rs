@@ -10,19 +10,17 @@
 //! x86-64 cores: 6 to 12 MiB of reach), so a cold lookup can pay a page
 //! walk on top of its cache misses. On 2 MiB pages it needs 16 entries.
 //!
-//! Smaller tables fit that reach in small pages, and there huge pages
-//! measured no steady gain against their costs: every rebuild maps fresh
-//! memory and unmaps the old table (a TLB shootdown on the process's other
-//! CPUs) where the allocator would reuse its memory, and a single insert
-//! can stall for milliseconds while the kernel produces a huge page
-//! (BENCHMARKS.md, "Huge pages"). So only arrays of [`HUGE_FROM`] bytes
-//! and more are mapped.
+//! Smaller tables fit that reach in small pages, and there huge pages have
+//! little to save against their costs: every rebuild maps fresh memory and
+//! unmaps the old table (a TLB shootdown on the process's other CPUs)
+//! where the allocator would reuse its memory, and a single insert can
+//! stall while the kernel compacts memory to produce a huge page. So only
+//! arrays of [`HUGE_FROM`] bytes and more are mapped.
 //!
 //! Growth pays for the pages too. Every table a growth attaches is fresh
 //! memory from the kernel, faulted in page by page as the migration
-//! reaches it (`Table::prefault`); 2 MiB faulted in as one huge page costs
-//! several times less than as 512 small pages (BENCHMARKS.md, "Huge
-//! pages").
+//! reaches it (`Table::prefault`); 2 MiB faulted in as one huge page takes
+//! one fault where small pages take 512.
 //!
 //! # What is mapped
 //!
@@ -43,7 +41,7 @@
 //! back to the global allocator.
 //!
 //! Costs, written down: the first write to each 2 MiB block zeroes the
-//! whole block (BENCHMARKS.md, "Huge pages"), on whichever insert's migration step
+//! whole block, on whichever insert's migration step
 //! (or presizing build) reaches it first: bounded by the page size, not
 //! the table's, as long as the kernel finds a free 2 MiB block (with
 //! `defrag` at `madvise`, the default, a fault that finds none compacts
@@ -53,7 +51,7 @@
 //! mmap threshold. And a table is fresh memory
 //! every time: where a process builds and drops indexes over and over, a
 //! warm heap can hand back pages that are already resident, and the
-//! mapping does not (BENCHMARKS.md measures both). An index built with
+//! mapping does not. An index built with
 //! `huge_pages(false)` keeps every table on the global allocator.
 //!
 //! Under miri and loom, and on other systems, every array comes from the

@@ -134,13 +134,12 @@ pub(crate) const LONG_PROBE: usize = 128;
 /// Numerator/denominator of the claimed-slot load at which writers start a
 /// resize, and at which they force one before claiming.
 ///
-/// Growth at 50%: linear probing's tail grows fast with load. With a seeded
-/// multiplicative hash over 19 seeds at 50k keys, the longest probe
-/// sequence is 195 slots at 76% load, 55 at 61%, 35 at 50% (99.9th
-/// percentile 59 / 23 / 13). A hot address that lands at the end of a long
-/// cluster costs every lookup that many compares, so the table trades
-/// memory (about 74 bytes per single-value address at 50k instead of about
-/// 53) for a bounded tail (BENCHMARKS.md, "Keys past their home pair").
+/// Growth at 50%: linear probing's tail grows fast with load (the expected
+/// probe length of a miss grows with `1 / (1 - load)²`). A hot address
+/// that lands at the end of a long cluster costs every lookup that many
+/// compares, so the table trades memory for a bounded tail
+/// (BENCHMARKS.md, section "Single-thread latency", times keys past their
+/// home pair).
 pub(crate) const GROW_AT: (usize, usize) = (1, 2);
 pub(crate) const FORCE_AT: (usize, usize) = (9, 10);
 
@@ -221,8 +220,7 @@ impl Table {
     /// mapped lazily. A writer's first access to a page is a read (`locate`, then
     /// the probe of `claim`), which maps the kernel's shared zero page, and
     /// its claim then takes a second fault to copy it: two faults per page,
-    /// against one for a page written first (`BENCHMARKS.md`,
-    /// "Registration", measures both). A migration calls
+    /// against one for a page written first. A migration calls
     /// this on the part of the new table its step corresponds to, so a
     /// table attached by growth is faulted in once per page, spread over
     /// its migration steps (no stall of the whole table on one insert). A
@@ -278,8 +276,8 @@ impl Table {
     /// The first two slots of the probe sequence (adjacent in memory: the
     /// extra slot after the last home means the pair never wraps) are read
     /// together, keys and record pointers, and the match is picked with
-    /// conditional moves: a key is in one of them nearly always (90–94% of
-    /// keys at the loads the table keeps), so the one branch that remains is
+    /// conditional moves: a key is in one of them nearly always (at the
+    /// loads the table keeps), so the one branch that remains is
     /// predictable. A loop that stops at a data-dependent slot mispredicts
     /// whenever consecutive lookups' keys sit at different distances from
     /// home, and so does `if k0 == key { .. } else if k1 == key { .. }`,

@@ -25,9 +25,9 @@
 //!
 //! Every grace period costs the readers something: with membarrier(2) an
 //! interrupt on every CPU running a thread of the process, without it a
-//! wait for each reader. A reclaimer that started one per wake-up ran
-//! about 1,600 grace periods a second for 10,000 removals a second (one
-//! per 6 objects) and woke up as often. Waiting [`COALESCE`] first gathers
+//! wait for each reader. A reclaimer that started one per wake-up would,
+//! under a steady stream of removals, run one for every few objects and
+//! wake up as often. Waiting [`COALESCE`] first gathers
 //! everything retired meanwhile into one grace period, as the kernel's and
 //! liburcu's `call_rcu` do, bounding grace periods from the reclaimer to
 //! about 1,000 a second whatever the write rate.
@@ -38,9 +38,10 @@
 //! restricts itself to the CPU on which the batch's last object was
 //! retired, as the kernel by default (without `rcu_nocbs` offloading)
 //! invokes RCU callbacks on the CPU that queued them; readers on other CPUs
-//! then lose no time to it. Left to the scheduler, it ran on the *reader's*
-//! CPU: with one reader and one writer flat out on two CPUs, the reclaimer
-//! took its time from the reader (`--bench churn` in BENCHMARKS.md).
+//! then lose no time to it. Left to the scheduler, it can run on a
+//! *reader's* CPU: with one reader and one writer flat out on two CPUs,
+//! the reclaimer then takes its time from the reader (`--bench churn`;
+//! BENCHMARKS.md, section "Readers under writer churn").
 //!
 //! * It only goes to CPUs of its *home* mask: the affinity of the
 //!   process's main thread when the reclaimer started (its own inherited
@@ -63,7 +64,7 @@
 //!   monopolises, with no later retirement and no waiter, waits for that
 //!   CPU; its queue is then at most what was retired before.
 //! * The CPU number is a hint read from the rseq area (or `sched_getcpu`),
-//!   about a nanosecond per retirement, just before the retirer takes the
+//!   one load per retirement, just before the retirer takes the
 //!   queue lock. The affinity changes only when the CPU does: one
 //!   `sched_setaffinity` per batch (two when the CPU went away), none for a
 //!   single writer that stays put, plus one per release by a waiter or
