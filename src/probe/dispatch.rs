@@ -303,7 +303,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
         }
         // SAFETY: inside the dispatch's section (the caller's).
         let attached = unsafe { self.index.get_in_section(call.addr) };
-        let kept = self.entry_probes::<RET>(local, local.counters.outer(), attached, call);
+        // SAFETY: as above; `local` is this thread's stack.
+        let kept =
+            unsafe { self.entry_probes::<RET>(local, local.counters.outer(), attached, call) };
         if MARK && kept == 0 {
             local.push_bare();
         }
@@ -445,14 +447,16 @@ impl<C: Send + Sync + 'static> Registry<C> {
         }
         // Nested: a section of its own inside the running dispatch's.
         let guard = rcu::read_lock();
-        let Some(local) = self.local_nested() else {
+        let Some(local) = self.local_nested(&guard) else {
             return 0;
         };
         let counters = local.counters.nested();
         let attached = self.index.get(call.addr, &guard);
         match recursion::enter_nested() {
             Entered::Run(level) => {
-                let kept = self.entry_probes::<RET>(local, counters, attached, call);
+                // SAFETY: inside `guard`'s section, which `attached` came
+                // from; `local` is this thread's stack.
+                let kept = unsafe { self.entry_probes::<RET>(local, counters, attached, call) };
                 if MARK && kept == 0 {
                     local.push_bare();
                 }
@@ -509,18 +513,21 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// The entry of one attachment: [`entry_probes`](Self::entry_probes)'s
     /// steps and counts, without the loop and the bookkeeping of several
     /// return entries. Returns what [`entry`](Self::entry) does.
+    ///
+    /// # Safety
+    ///
+    /// As for [`entry_probes`](Self::entry_probes), with `a` one of the
+    /// attachments found.
     #[inline(always)]
-    fn entry_one<const RET: bool>(
+    unsafe fn entry_one<const RET: bool>(
         &self,
         local: &ShadowStack,
         counters: CounterView,
         a: &Attachment,
         call: &Call<'_, C>,
     ) -> u64 {
-        // SAFETY: `entry_one` runs only inside a dispatch's section (it is
-        // reached from `entry_outermost` and `entry_slow` alone, with
-        // `attached` from the index under that section), which outlives
-        // every use of `p` here.
+        // SAFETY: inside the dispatch's section (this function's
+        // contract), which outlives every use of `p` here.
         let Some(p) = (unsafe { self.live_probe(counters, a) }) else {
             return 0;
         };
@@ -573,8 +580,15 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// and why each step is safe against a signal handler that dispatches
     /// in between). Returns what [`entry`](Self::entry) does, for a call
     /// that keeps no bare mark.
+    ///
+    /// # Safety
+    ///
+    /// The calling thread is inside a read-side section for the whole
+    /// call (its dispatch's, or a nested dispatch's own), `attached` was
+    /// found in the index under that section, and `local` is the thread's
+    /// stack.
     #[inline(always)]
-    fn entry_probes<const RET: bool>(
+    unsafe fn entry_probes<const RET: bool>(
         &self,
         local: &ShadowStack,
         counters: CounterView,
@@ -583,7 +597,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
     ) -> u64 {
         if let [a] = attached {
             // One probe at the address, the usual case: straight-line code.
-            return self.entry_one::<RET>(local, counters, a, call);
+            // SAFETY: this function's contract.
+            return unsafe { self.entry_one::<RET>(local, counters, a, call) };
         }
         let w = local.words();
         let header = if RET { HEADER + RETURN_WORDS } else { HEADER };
@@ -600,8 +615,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         let (mut used, mut n) = (0usize, 0u64);
         for a in attached {
-            // SAFETY: inside the dispatch's section, which outlives `p`'s use
-            // here.
+            // SAFETY: inside the dispatch's section (this function's
+            // contract), which outlives `p`'s use here.
             let Some(p) = (unsafe { self.live_probe(counters, a) }) else {
                 continue;
             };
@@ -706,7 +721,11 @@ impl<C: Send + Sync + 'static> Registry<C> {
             return unsafe { self.exit_outermost_slow(c, ret_addr, ctx) };
         };
         if !local.pop_bare() {
-            self.exit_pop_frame(local, local.counters.outer(), Ending::Run, ret_addr, ctx);
+            // SAFETY: inside the dispatch's section (the caller's), on
+            // this thread's stack.
+            unsafe {
+                self.exit_pop_frame(local, local.counters.outer(), Ending::Run, ret_addr, ctx)
+            };
         }
     }
 
@@ -730,7 +749,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 false => Ending::Run,
             };
             if !local.pop_bare() {
-                self.exit_pop_frame(local, local.counters.outer(), ending, ret_addr, ctx);
+                // SAFETY: as in `exit_outermost`.
+                unsafe {
+                    self.exit_pop_frame(local, local.counters.outer(), ending, ret_addr, ctx)
+                };
             }
         }
     }
@@ -759,8 +781,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
             return;
         }
         // Nested: a section of its own inside the running dispatch's.
-        let _guard = rcu::read_lock();
-        let Some(local) = self.local_nested() else {
+        let guard = rcu::read_lock();
+        let Some(local) = self.local_nested(&guard) else {
             return;
         };
         // A bare call needs no context level.
@@ -770,20 +792,30 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let counters = local.counters.nested();
         match recursion::enter_nested() {
             Entered::Run(level) => {
-                self.exit_pop_frame(local, counters, Ending::Run, ret_addr, ctx);
+                // SAFETY: inside `_guard`'s section, on this thread's stack.
+                unsafe { self.exit_pop_frame(local, counters, Ending::Run, ret_addr, ctx) };
                 drop(level);
             }
             entered => {
                 let recursion = matches!(entered, Entered::Recursion);
-                self.exit_pop_frame(local, counters, Ending::Unrun { recursion }, ret_addr, ctx);
+                // SAFETY: as above.
+                unsafe {
+                    self.exit_pop_frame(local, counters, Ending::Unrun { recursion }, ret_addr, ctx)
+                };
             }
         }
     }
 
     /// Pops a plain exit's frame, once no bare call is left to end, and
     /// ends it as `ending` says.
+    ///
+    /// # Safety
+    ///
+    /// The calling thread is inside a read-side section for the whole call
+    /// (its dispatch's, or a nested dispatch's own), and `local` is its
+    /// stack.
     #[inline(always)]
-    fn exit_pop_frame(
+    unsafe fn exit_pop_frame(
         &self,
         local: &ShadowStack,
         counters: CounterView,
@@ -797,7 +829,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // SAFETY: `pop_frame` found a plain entry's frame with `n` return
         // entries under the bare word `t` of this thread's stack, its
         // header `[addr, n]` just below `t`; both return that frame's
-        // first word, which `release` ends it at.
+        // first word, which `release` ends it at; inside a section (this
+        // function's contract).
         unsafe {
             let at = match ending {
                 Ending::Run => self.exit_frame::<false>(local, counters, t, n, ret_addr, ctx),
@@ -850,7 +883,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 // thread holds the `DISPATCH` bit until `end_dispatch`.
                 if let Some(local) = unsafe { self.cached_local(c) } {
                     let counters = local.counters.outer();
-                    let ret = self.return_frames(local, counters, Ending::Run, sp, ctx);
+                    // SAFETY: inside the dispatch's section (the bit), on
+                    // this thread's stack.
+                    let ret = unsafe { self.return_frames(local, counters, Ending::Run, sp, ctx) };
                     rec.end_dispatch();
                     return ret;
                 }
@@ -874,23 +909,27 @@ impl<C: Send + Sync + 'static> Registry<C> {
                     true => Ending::Unrun { recursion: false },
                     false => Ending::Run,
                 };
-                self.return_frames(local, local.counters.outer(), ending, sp, ctx)
+                // SAFETY: inside the dispatch's section (above), on this
+                // thread's stack.
+                unsafe { self.return_frames(local, local.counters.outer(), ending, sp, ctx) }
             });
             rec.end_dispatch();
             return ret;
         }
-        let _guard = rcu::read_lock();
-        let local = self.local_nested()?;
+        let guard = rcu::read_lock();
+        let local = self.local_nested(&guard)?;
         let counters = local.counters.nested();
         match recursion::enter_nested() {
             Entered::Run(level) => {
-                let ret = self.return_frames(local, counters, Ending::Run, sp, ctx);
+                // SAFETY: inside `_guard`'s section, on this thread's stack.
+                let ret = unsafe { self.return_frames(local, counters, Ending::Run, sp, ctx) };
                 drop(level);
                 ret
             }
             entered => {
                 let recursion = matches!(entered, Entered::Recursion);
-                self.return_frames(local, counters, Ending::Unrun { recursion }, sp, ctx)
+                // SAFETY: as above.
+                unsafe { self.return_frames(local, counters, Ending::Unrun { recursion }, sp, ctx) }
             }
         }
     }
@@ -898,8 +937,14 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// Pops frames down to the one that took the return at `sp` (see
     /// [`on_return`](Self::on_return)), ending each as `ending` says, and
     /// returns its return address.
+    ///
+    /// # Safety
+    ///
+    /// The calling thread is inside a read-side section for the whole call
+    /// (its dispatch's, or a nested dispatch's own), and `local` is its
+    /// stack.
     #[inline(always)]
-    fn return_frames(
+    unsafe fn return_frames(
         &self,
         local: &ShadowStack,
         counters: CounterView,
@@ -953,7 +998,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
             }
             // SAFETY: the top frame took a return: its `ret_addr` word is
             // `t - HEADER - 2`; it has `n` return entries below word
-            // `entries`, and is ended at the first word both return.
+            // `entries`, and is ended at the first word both return;
+            // inside a section (this function's contract).
             let ret = unsafe {
                 let ret = local.read(t - HEADER - 2);
                 let at = match ending {
@@ -976,9 +1022,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
     ///
     /// # Safety
     ///
-    /// `local` is the calling thread's stack, and its top frame is such a
-    /// frame under the bare word `t == top`, laid out as `shadow.rs`
-    /// says (written by this thread's entry).
+    /// The calling thread is inside a read-side section for the whole
+    /// call; `local` is its stack, and its top frame is such a frame under
+    /// the bare word `t == top`, laid out as `shadow.rs` says (written by
+    /// this thread's entry).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn exit_frame<const RET: bool>(
@@ -1001,14 +1048,16 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let addr = unsafe { w.read(t - 2) };
         match n {
             // One probe, the usual case: no loop.
-            // SAFETY: the frame's newest return entry ends at `entries`.
+            // SAFETY: the frame's newest return entry ends at `entries`;
+            // inside the caller's section.
             1 => unsafe { self.exit_entry(local, counters, entries, addr, ret_addr, ctx) },
             _ => {
                 let (mut p, mut left) = (entries, n);
                 // `n ≥ 1`: no test before the first.
                 loop {
                     // SAFETY: `p` is where the frame's next return entry
-                    // ends: `entries`, then where the previous one started.
+                    // ends: `entries`, then where the previous one started;
+                    // inside the caller's section.
                     p = unsafe { self.exit_entry(local, counters, p, addr, ret_addr, ctx) };
                     left -= 1;
                     if left == 0 {
@@ -1025,9 +1074,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
     ///
     /// # Safety
     ///
-    /// `local` is the calling thread's stack, and a return entry of a
-    /// frame below its `top` ends at word `p` (`shadow.rs`: `[data…,
-    /// cookie, generation, meta]`, written by this thread's entry).
+    /// The calling thread is inside a read-side section for the whole
+    /// call; `local` is its stack, and a return entry of a frame below its
+    /// `top` ends at word `p` (`shadow.rs`: `[data…, cookie, generation,
+    /// meta]`, written by this thread's entry).
     #[inline(always)]
     unsafe fn exit_entry(
         &self,
@@ -1062,8 +1112,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         // Relaxed: ordered by the Acquire of `holds`.
         let fp = slot.probe.load(Ordering::Relaxed);
-        // SAFETY: the generation matched inside this dispatch's read-side
-        // section, so `unregister` (which changes the generation, then
+        // SAFETY: the generation matched inside the caller's read-side
+        // section (this function's contract), so `unregister` (which changes the generation, then
         // waits for a grace period before it frees the probe) has not
         // freed it, and cannot until the section ends. A kept entry always
         // has its probe and an exit handler.
@@ -1161,12 +1211,19 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// frame that took a return, or one adopted from an exited thread
     /// (`epoch == None`) entirely: the return entries it drops end as
     /// `Unrun`, so that `in_flight` counts only calls that can still
-    /// return. Only by an outermost dispatch, inside its section: an
-    /// `unregister` that changes a generation waits for it, so a count
-    /// never lands on the slot's next probe.
+    /// return. Inside a section: an `unregister` that changes a
+    /// generation waits for it, so a count never lands on the slot's next
+    /// probe.
+    ///
+    /// # Safety
+    ///
+    /// The calling thread is inside a read-side section for the call, and
+    /// `local` is its stack, used by nothing else meanwhile: by an
+    /// outermost dispatch (which holds the `DISPATCH` bit), or adopted by
+    /// this thread just now.
     #[cold]
     #[inline(never)]
-    pub(super) fn forget_frames(&self, local: &ShadowStack, epoch: Option<u64>) {
+    pub(super) unsafe fn forget_frames(&self, local: &ShadowStack, epoch: Option<u64>) {
         // A pairing reset keeps the calls whose return was taken.
         let keep = epoch.map_or(BOTTOM, |_| local.kept_by_reset());
         let counters = local.counters.outer();
@@ -1209,9 +1266,13 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // The key before the stack is looked at: if it changes meanwhile,
         // the stack is cached under a key that no longer matches.
         let key = self.locals.key();
-        let local = self.local_made(key)?;
+        // SAFETY: the caller holds the `DISPATCH` bit: inside its
+        // dispatch's section.
+        let local = unsafe { self.local_made(key) }?;
         if local.epoch() != key {
-            self.forget_frames(local, Some(key));
+            // SAFETY: as above; the stack is this thread's, used by this
+            // outermost dispatch alone.
+            unsafe { self.forget_frames(local, Some(key)) };
         }
         if !recursion::ignored(c) {
             // Read only under the bit, which this dispatch holds.
@@ -1226,13 +1287,19 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// (the running dispatch may be building or reading a frame; the next
     /// outermost dispatch empties it) and never cached.
     #[cold]
-    fn local_nested(&self) -> Option<&ShadowStack> {
-        self.local_made(self.locals.key())
+    fn local_nested(&self, _section: &rcu::ReadGuard) -> Option<&ShadowStack> {
+        // SAFETY: inside `_section`.
+        unsafe { self.local_made(self.locals.key()) }
     }
 
     /// The thread's state, made (or adopted) on first use with pairing
     /// epoch `key`.
-    pub(super) fn local_made(&self, key: u64) -> Option<&ShadowStack> {
+    ///
+    /// # Safety
+    ///
+    /// The calling thread is inside a read-side section for the call (an
+    /// adopted state's frames are ended there: `forget_frames`).
+    pub(super) unsafe fn local_made(&self, key: u64) -> Option<&ShadowStack> {
         match self.locals.find() {
             Some(l) => Some(l),
             None => {
@@ -1245,7 +1312,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
                     // Frames of the exited thread end as unrun. The outer
                     // bank is free to bump even in a nested dispatch: no
                     // dispatch of this thread uses a state it just adopted.
-                    |s| self.forget_frames(s, None),
+                    // SAFETY: inside the caller's section; the state is
+                    // this thread's, adopted just now, used by nothing
+                    // else.
+                    |s| unsafe { self.forget_frames(s, None) },
                 )
             }
         }

@@ -841,8 +841,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
     pub fn prepare_thread(&self) {
         rcu::register_thread();
         // Made, or adopted, with nothing else of this thread's using it
-        // (`local_made`): no dispatch needed around it.
-        let _ = self.local_made(self.locals.key());
+        // (`local_made`): a section, no dispatch, around it.
+        let _section = rcu::read_lock();
+        // SAFETY: inside `_section`.
+        let _ = unsafe { self.local_made(self.locals.key()) };
     }
 }
 
