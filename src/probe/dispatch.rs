@@ -27,6 +27,22 @@
 //!   began since waits for the exit instead of skipping it, and the next
 //!   entry loads the new epoch, so it waits for one exit at most.
 //!
+//! # The dispatch contract
+//!
+//! The helpers below the public entry points are `unsafe fn`s whose
+//! `# Safety` names this contract for what they are given:
+//!
+//! 1. The calling thread is inside a read-side section for the whole call:
+//!    its outermost dispatch's (the `DISPATCH` bit), or a nested
+//!    dispatch's own guard.
+//! 2. `local` is the calling thread's state in this registry (an entry of
+//!    `self.locals`): its counters cover the registry's slots, and its
+//!    frames name this registry's slots.
+//! 3. `counters` is a bank of `local.counters`: the outer one only in the
+//!    thread's outermost dispatch, while it holds the `DISPATCH` bit and
+//!    the context's registry cache names `local` (where [`panicked`]
+//!    finds it); the nested one otherwise.
+//!
 //! An entry is one index lookup, one load of each attached probe's slot
 //! state, the handlers, and one frame pushed on the thread's shadow stack
 //! holding everything the exit needs (the kernel's fgraph model), or one
@@ -98,13 +114,33 @@ fn on_alternate_signal_stack() -> bool {
 
 /// Counts `which` for the probe of attachment `a` (`counters`: the bank of
 /// the thread's counters this dispatch bumps).
+///
+/// # Safety
+///
+/// The dispatch contract (module docs) for `counters`, and `a` is an
+/// attachment of the same registry.
 #[inline(always)]
-fn count(counters: CounterView, a: &Attachment, which: Counter) {
+unsafe fn count(counters: CounterView, a: &Attachment, which: Counter) {
     // SAFETY: `a.slot` is below the registry's slot count (`Attachment`
-    // invariant), which every thread's counters are made for; the
-    // dispatch holds the thread's state, which owns them, and the bank is
-    // its own (outer only for an outermost dispatch).
+    // invariant), which the thread's counters are made for; the bank is
+    // the dispatch's own (the caller's contract).
     unsafe { counters.bump(a.slot, which) }
+}
+
+/// Whether an outermost dispatch that missed the context's cache runs
+/// handlers on `local`, the state [`Registry::local_outermost`] gave it:
+/// the thread is not ignored, and the cache names `local` (where
+/// [`panicked`] finds it; `local_outermost` caches it unless the thread is
+/// ignored). Decided once per dispatch: an `ignore_current_thread` from a
+/// signal handler between `local_outermost` and here changes at most
+/// whether this dispatch runs handlers, never which state they count in.
+#[inline]
+fn runs_handlers(c: &Context, local: &ShadowStack) -> bool {
+    !recursion::ignored(c)
+        && std::ptr::eq(
+            c.registry_state.get(),
+            (local as *const ShadowStack).cast::<()>(),
+        )
 }
 
 /// How a return ends the frames it pops: running their exit handlers, or
@@ -299,7 +335,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
             },
         };
         if RET {
-            self.end_frames_below(local, call.sp);
+            // SAFETY: as below; an outermost dispatch, on this thread's
+            // state in this registry.
+            unsafe { self.end_frames_below(local, call.sp) };
         }
         // SAFETY: inside the dispatch's section (the caller's).
         let attached = unsafe { self.index.get_in_section(call.addr) };
@@ -320,15 +358,21 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// took a return, two loads and a compare when it is: a thread whose
     /// exceptions are caught by a function without an exit probe never
     /// fills its stack with abandoned frames.
+    ///
+    /// # Safety
+    ///
+    /// The dispatch contract (module docs) for `local`, in the thread's
+    /// outermost dispatch (it bumps the outer bank).
     #[inline(always)]
-    fn end_frames_below(&self, local: &ShadowStack, sp: u64) {
+    unsafe fn end_frames_below(&self, local: &ShadowStack, sp: u64) {
         let t = local.top();
         // SAFETY: `local` is this thread's stack; `BOTTOM <= t < cap`, so
         // `t - 1` is a word of it, and a negative word there is the top of
         // a frame that took a return, whose `sp` word is `t - HEADER - 1`
         // (`shadow.rs`, frame layout).
         if unsafe { (local.read(t - 1) as i64) < 0 && local.read(t - HEADER - 1) < sp } {
-            self.end_unwound(local, sp);
+            // SAFETY: this function's contract.
+            unsafe { self.end_unwound(local, sp) };
         }
     }
 
@@ -337,9 +381,13 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// outermost entry at `sp` on the thread's own stack. An entry made on
     /// an alternate signal stack (`sigaltstack`) ends none: that stack may
     /// lie above the thread's, under frames whose calls are live.
+    ///
+    /// # Safety
+    ///
+    /// As for [`end_frames_below`](Self::end_frames_below).
     #[cold]
     #[inline(never)]
-    fn end_unwound(&self, local: &ShadowStack, sp: u64) {
+    unsafe fn end_unwound(&self, local: &ShadowStack, sp: u64) {
         if on_alternate_signal_stack() {
             return;
         }
@@ -362,7 +410,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
             let n = word & !TAKES_RETURN;
             // SAFETY: the top frame of this thread's stack took a return,
             // its `n` return entries below word `entries`; `end_unrun`
-            // returns its first word, which `release` ends it at.
+            // returns its first word, which `release` ends it at; the
+            // outer bank of an outermost dispatch (this function's
+            // contract).
             unsafe {
                 let at = self.end_unrun(local, counters, entries, n, Some(Counter::Unwound));
                 local.release(at);
@@ -384,7 +434,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // SAFETY: the caller holds the `DISPATCH` bit, and `c` is its
         // context.
         match unsafe { self.local_outermost(c) } {
-            Some(local) if recursion::ignored(c) => {
+            Some(local) if !runs_handlers(c, local) => {
                 if MARK {
                     local.push_bare();
                 }
@@ -466,7 +516,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
             entered => {
                 if matches!(entered, Entered::Recursion) {
                     for a in attached {
-                        count(counters, a, Counter::Recursion);
+                        // SAFETY: the nested bank of this thread's state,
+                        // `a` found in this registry's index.
+                        unsafe { count(counters, a, Counter::Recursion) };
                     }
                 }
                 if MARK {
@@ -497,7 +549,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let s = slot.state.load(Ordering::Acquire);
         if s != state(a.generation, true) {
             if s == state(a.generation, false) {
-                count(counters, a, Counter::Disabled);
+                // SAFETY: this function's contract.
+                unsafe { count(counters, a, Counter::Disabled) };
             }
             return None; // disabled, or being unregistered
         }
@@ -539,19 +592,24 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         let Some(at) = at else {
             // No exit handler, or its frame does not fit.
-            count(counters, a, Counter::Unkept);
-            if fw > 0 {
-                count(counters, a, Counter::Depth);
+            // SAFETY: this function's contract, for all three.
+            unsafe {
+                count(counters, a, Counter::Unkept);
+                if fw > 0 {
+                    count(counters, a, Counter::Depth);
+                }
+                run_entry(local, p, a, counters, call, &mut []);
             }
-            run_entry(local, p, a, counters, call, &mut []);
             return 0;
         };
-        count(counters, a, Counter::Kept);
+        // SAFETY: this function's contract.
+        unsafe { count(counters, a, Counter::Kept) };
         let w = local.words();
         // SAFETY: as in `entry_probes`: the data words lie in our
         // reservation, which nothing else references until it is pushed.
         let data = unsafe { w.data_mut(at, p.data_size) };
-        match run_entry(local, p, a, counters, call, data) {
+        // SAFETY: this function's contract.
+        match unsafe { run_entry(local, p, a, counters, call, data) } {
             EntryAction::Continue => {
                 // SAFETY: the return entry (`fw` words from `at`) and the
                 // header (`header` words from `at + fw`) fill our
@@ -566,7 +624,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 if RET { w.addr(at + fw) } else { 1 }
             }
             EntryAction::SkipExit => {
-                count(counters, a, Counter::Unrun);
+                // SAFETY: this function's contract.
+                unsafe { count(counters, a, Counter::Unrun) };
                 // SAFETY: `at` is our reservation's first word, on this
                 // thread's stack.
                 unsafe { local.release(at) };
@@ -583,10 +642,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
     ///
     /// # Safety
     ///
-    /// The calling thread is inside a read-side section for the whole
-    /// call (its dispatch's, or a nested dispatch's own), `attached` was
-    /// found in the index under that section, and `local` is the thread's
-    /// stack.
+    /// The dispatch contract (module docs) for `local` and `counters`, and
+    /// `attached` was found in this registry's index under the section.
     #[inline(always)]
     unsafe fn entry_probes<const RET: bool>(
         &self,
@@ -624,13 +681,17 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // (it ends in `Exits` or `Unrun`), `Unkept` for the others.
             let keep = match at {
                 Some(at) if a.frame_words > 0 => {
-                    count(counters, a, Counter::Kept);
+                    // SAFETY: this function's contract.
+                    unsafe { count(counters, a, Counter::Kept) };
                     Some(at + used)
                 }
                 _ => {
-                    count(counters, a, Counter::Unkept);
-                    if a.frame_words > 0 {
-                        count(counters, a, Counter::Depth);
+                    // SAFETY: this function's contract, for both.
+                    unsafe {
+                        count(counters, a, Counter::Unkept);
+                        if a.frame_words > 0 {
+                            count(counters, a, Counter::Depth);
+                        }
                     }
                     None
                 }
@@ -642,7 +703,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 Some(at) => unsafe { w.data_mut(at, p.data_size) },
                 None => &mut [],
             };
-            let action = run_entry(local, p, a, counters, call, data);
+            // SAFETY: this function's contract.
+            let action = unsafe { run_entry(local, p, a, counters, call, data) };
             match (keep, action) {
                 (Some(e), EntryAction::Continue) => {
                     // SAFETY: this attachment's `frame_words` from `e` lie
@@ -654,7 +716,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 }
                 // The entry handler skipped the exit (or panicked): the
                 // return entry ends here, its exit unrun.
-                (Some(_), EntryAction::SkipExit) => count(counters, a, Counter::Unrun),
+                // SAFETY: this function's contract.
+                (Some(_), EntryAction::SkipExit) => unsafe { count(counters, a, Counter::Unrun) },
                 (None, _) => {}
             }
         }
@@ -744,9 +807,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // SAFETY: the caller holds the `DISPATCH` bit, and `c` is its
         // context.
         if let Some(local) = unsafe { self.local_outermost(c) } {
-            let ending = match recursion::ignored(c) {
-                true => Ending::Unrun { recursion: false },
-                false => Ending::Run,
+            let ending = match runs_handlers(c, local) {
+                true => Ending::Run,
+                false => Ending::Unrun { recursion: false },
             };
             if !local.pop_bare() {
                 // SAFETY: as in `exit_outermost`.
@@ -792,7 +855,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let counters = local.counters.nested();
         match recursion::enter_nested() {
             Entered::Run(level) => {
-                // SAFETY: inside `_guard`'s section, on this thread's stack.
+                // SAFETY: inside `guard`'s section, on this thread's stack.
                 unsafe { self.exit_pop_frame(local, counters, Ending::Run, ret_addr, ctx) };
                 drop(level);
             }
@@ -811,9 +874,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     ///
     /// # Safety
     ///
-    /// The calling thread is inside a read-side section for the whole call
-    /// (its dispatch's, or a nested dispatch's own), and `local` is its
-    /// stack.
+    /// The dispatch contract (module docs) for `local` and `counters`.
     #[inline(always)]
     unsafe fn exit_pop_frame(
         &self,
@@ -905,9 +966,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // SAFETY: `begin_exit_dispatch` returned `true`: this thread
             // holds the `DISPATCH` bit until `end_dispatch` below.
             let ret = unsafe { self.local_outermost(c) }.and_then(|local| {
-                let ending = match recursion::ignored(c) {
-                    true => Ending::Unrun { recursion: false },
-                    false => Ending::Run,
+                let ending = match runs_handlers(c, local) {
+                    true => Ending::Run,
+                    false => Ending::Unrun { recursion: false },
                 };
                 // SAFETY: inside the dispatch's section (above), on this
                 // thread's stack.
@@ -921,7 +982,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         let counters = local.counters.nested();
         match recursion::enter_nested() {
             Entered::Run(level) => {
-                // SAFETY: inside `_guard`'s section, on this thread's stack.
+                // SAFETY: inside `guard`'s section, on this thread's stack.
                 let ret = unsafe { self.return_frames(local, counters, Ending::Run, sp, ctx) };
                 drop(level);
                 ret
@@ -940,9 +1001,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     ///
     /// # Safety
     ///
-    /// The calling thread is inside a read-side section for the whole call
-    /// (its dispatch's, or a nested dispatch's own), and `local` is its
-    /// stack.
+    /// The dispatch contract (module docs) for `local` and `counters`.
     #[inline(always)]
     unsafe fn return_frames(
         &self,
@@ -1022,10 +1081,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
     ///
     /// # Safety
     ///
-    /// The calling thread is inside a read-side section for the whole
-    /// call; `local` is its stack, and its top frame is such a frame under
-    /// the bare word `t == top`, laid out as `shadow.rs` says (written by
-    /// this thread's entry).
+    /// The dispatch contract (module docs) for `local` and `counters`, and
+    /// `local`'s top frame is such a frame under the bare word `t == top`,
+    /// laid out as `shadow.rs` says (written by this thread's entry).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn exit_frame<const RET: bool>(
@@ -1074,10 +1132,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
     ///
     /// # Safety
     ///
-    /// The calling thread is inside a read-side section for the whole
-    /// call; `local` is its stack, and a return entry of a frame below its
-    /// `top` ends at word `p` (`shadow.rs`: `[data…, cookie, generation,
-    /// meta]`, written by this thread's entry).
+    /// The dispatch contract (module docs) for `local` and `counters`, and
+    /// a return entry of a frame below `local`'s `top` ends at word `p`
+    /// (`shadow.rs`: `[data…, cookie, generation, meta]`, written by this
+    /// thread's entry).
     #[inline(always)]
     unsafe fn exit_entry(
         &self,
@@ -1151,7 +1209,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
             Err(_) => {
                 bump(Counter::Panics);
                 bump(Counter::Unrun);
-                panicked::<C>(counters, local, slot_idx, generation);
+                // SAFETY: this function's contract.
+                unsafe { panicked::<C>(counters, local, slot_idx, generation) };
             }
         }
         data_at
@@ -1165,9 +1224,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
     ///
     /// # Safety
     ///
-    /// `local` is the calling thread's stack, and `n` return entries of a
-    /// frame below its `top` lie below word `entries`, newest first
-    /// (`shadow.rs`, frame layout).
+    /// The dispatch contract (module docs) for `local` and `counters` (a
+    /// state being adopted may use its outer bank: `forget_frames`), and
+    /// `n` return entries of a frame below `local`'s `top` lie below word
+    /// `entries`, newest first (`shadow.rs`, frame layout).
     #[cold]
     #[inline(never)]
     unsafe fn end_unrun(
@@ -1218,9 +1278,12 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// # Safety
     ///
     /// The calling thread is inside a read-side section for the call, and
-    /// `local` is its stack, used by nothing else meanwhile: by an
-    /// outermost dispatch (which holds the `DISPATCH` bit), or adopted by
-    /// this thread just now.
+    /// `local` is its state in this registry, which no other outermost
+    /// dispatch uses meanwhile (a nested one writes only above its `top`:
+    /// `shadow.rs`): its outermost dispatch's (which holds the `DISPATCH`
+    /// bit), or one this thread adopted just now, which no dispatch of the
+    /// thread can reach yet (its outer bank is then free to bump:
+    /// `stats.rs`, [`CounterView::bump`]).
     #[cold]
     #[inline(never)]
     pub(super) unsafe fn forget_frames(&self, local: &ShadowStack, epoch: Option<u64>) {
@@ -1234,7 +1297,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 .is_some_and(|s| s.holds(generation))
             {
                 // SAFETY: `slot_idx` indexes `self.slots` (checked); the
-                // outer bank, by an outermost dispatch.
+                // outer bank, by the thread's outermost dispatch or on a
+                // state no dispatch of it reaches yet (the contract).
                 unsafe { counters.bump(slot_idx, Counter::Unrun) };
             }
         });
@@ -1270,8 +1334,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // dispatch's section.
         let local = unsafe { self.local_made(key) }?;
         if local.epoch() != key {
-            // SAFETY: as above; the stack is this thread's, used by this
-            // outermost dispatch alone.
+            // SAFETY: as above; the state is this thread's in this
+            // registry, and this is its outermost dispatch.
             unsafe { self.forget_frames(local, Some(key)) };
         }
         if !recursion::ignored(c) {
@@ -1313,8 +1377,8 @@ impl<C: Send + Sync + 'static> Registry<C> {
                     // bank is free to bump even in a nested dispatch: no
                     // dispatch of this thread uses a state it just adopted.
                     // SAFETY: inside the caller's section; the state is
-                    // this thread's, adopted just now, used by nothing
-                    // else.
+                    // this thread's in this registry, adopted just now:
+                    // no dispatch of the thread reaches it yet.
                     |s| unsafe { self.forget_frames(s, None) },
                 )
             }
@@ -1371,31 +1435,42 @@ unsafe fn write_header<C, const RET: bool>(w: Words, mut h: usize, n: u64, call:
 /// (`counters` is the outer bank) takes that state from the thread's
 /// context, where it is cached for as long as the dispatch holds the
 /// `DISPATCH` bit, so that its hot path keeps no pointer alive across the
-/// handler's call for this; a nested one passes `local`. The caller is
-/// inside the dispatch's section and saw the generation live.
+/// handler's call for this; a nested one passes `local`.
+///
+/// # Safety
+///
+/// The dispatch contract (module docs) for `local` and `counters`, in a
+/// registry of `ProbeSlot<C>`; `slot` is below its slot count.
 #[inline(always)]
-fn panicked<C>(counters: CounterView, local: &ShadowStack, slot: u32, generation: u64) {
+unsafe fn panicked<C>(counters: CounterView, local: &ShadowStack, slot: u32, generation: u64) {
     let local: *const ShadowStack = match counters.is_nested() {
         true => local,
         false => crate::context::context().registry_state.get().cast(),
     };
-    report_panic::<C>(local, slot, generation);
+    // SAFETY: `local` is the thread's state in the dispatch's registry
+    // (the outer bank: the context's cache names it, by the contract),
+    // inside the section.
+    unsafe { report_panic::<C>(local, slot, generation) };
 }
 
 /// [`panicked`] out of line.
+///
+/// # Safety
+///
+/// `local` points at the calling thread's state in a registry of
+/// `ProbeSlot<C>` that outlives the call, `slot` is below its slot count,
+/// and the thread is inside a read-side section.
 #[cold]
 #[inline(never)]
-fn report_panic<C>(local: *const ShadowStack, slot: u32, generation: u64) {
-    // SAFETY: the thread's state for the registry of the dispatch that
-    // called `panicked` (the context's cache names it during an outermost
-    // dispatch: `crate::context` invariants), alive as long as the
-    // registry.
+unsafe fn report_panic<C>(local: *const ShadowStack, slot: u32, generation: u64) {
+    // SAFETY: the thread's live state in the registry (the caller's
+    // contract).
     let slots = unsafe { (*local).slots }.cast::<super::registry::ProbeSlot<C>>();
     // SAFETY: `slots` is the registry's slot array (`ShadowStack`), alive
-    // as long as the registry, which the caller borrows; `slot` is below
-    // its length (`Attachment` invariant, or a frame's copy of it).
+    // as long as the registry; `slot` is below its length (the caller's
+    // contract).
     let s = unsafe { &*slots.add(slot as usize) };
-    // SAFETY: the caller is inside the dispatch's section, and the
+    // SAFETY: the caller is inside a section (its contract), and the
     // reference lives only in this call.
     if let Some(p) = unsafe { s.probe_of(generation) } {
         // The handle's bits (`ProbeHandle::to_bits`).
@@ -1442,8 +1517,13 @@ impl<'a, C> Call<'a, C> {
 /// Runs probe `p`'s entry handler for attachment `a` (Rust or C; none:
 /// `Continue`), counting a panic, which skips the exit, and reporting it
 /// (`panicked`).
+///
+/// # Safety
+///
+/// The dispatch contract (module docs) for `local` and `counters`, `a`
+/// an attachment of that registry and `p` its live probe.
 #[inline(always)]
-fn run_entry<C>(
+unsafe fn run_entry<C>(
     local: &ShadowStack,
     p: &super::def::Fprobe<C>,
     a: &Attachment,
@@ -1467,8 +1547,11 @@ fn run_entry<C>(
                 data,
             };
             catch_unwind(AssertUnwindSafe(|| entry(&mut ec))).unwrap_or_else(|_| {
-                count(counters, a, Counter::Panics);
-                panicked::<C>(counters, local, a.slot, a.generation);
+                // SAFETY: this function's contract.
+                unsafe {
+                    count(counters, a, Counter::Panics);
+                    panicked::<C>(counters, local, a.slot, a.generation);
+                }
                 EntryAction::SkipExit
             })
         }

@@ -252,7 +252,9 @@ impl CounterView {
     /// `slot` is below the slot count the counters were made for (no
     /// bounds check: this runs on every hit), the counters outlive the
     /// call, and an outer view is used only by the thread's outermost
-    /// dispatch, while it holds the `DISPATCH` bit (see [`Counters`]).
+    /// dispatch, while it holds the `DISPATCH` bit (see [`Counters`]), or
+    /// on a state the thread adopts, before any dispatch of it can reach
+    /// that state.
     #[inline(always)]
     pub(super) unsafe fn bump(self, slot: u32, which: Counter) {
         debug_assert!((which as usize) < NCOUNTERS, "Unwound: bump_unwound");
@@ -272,7 +274,8 @@ impl CounterView {
 ///
 /// `c` is a counter of the calling thread's [`Counters`]; an outer one
 /// (`nested == false`) only in the thread's outermost dispatch, while it
-/// holds the `DISPATCH` bit.
+/// holds the `DISPATCH` bit, or on a state the thread adopts, before any
+/// dispatch of it can reach that state.
 #[inline(always)]
 unsafe fn bump_one(c: &AtomicU64, nested: bool) {
     if !nested {
