@@ -1283,21 +1283,81 @@ fn dispatch_sections_held_by_a_hook() {
     let (probe, log) = addr_logging_probe();
     let h = reg.register(probe, &[0x10, 0x20]).unwrap();
     {
-        let s = DispatchSection::enter().expect("no dispatch runs");
+        let mut s = DispatchSection::enter().expect("no dispatch runs");
         assert!(fprobe::rcu::in_read_section());
         assert!(DispatchSection::enter().is_none(), "one at a time");
-        reg.on_entry_held(&s, 0x10, 0x500, &());
+        reg.on_entry_held(&mut s, 0x10, 0x500, &());
         // Nested in the held section: the plain method nests.
         reg.on_entry(0x20, 0x600, &());
         reg.on_exit(0x600, &());
     }
     assert!(!fprobe::rcu::in_read_section());
     {
-        let s = DispatchSection::enter_for_exit().unwrap();
-        reg.on_exit_held(&s, 0x500, &());
+        let mut s = DispatchSection::enter_for_exit().unwrap();
+        reg.on_exit_held(&mut s, 0x500, &());
     }
     let st = reg.stats(h).unwrap();
     assert_eq!((st.hits, st.exits, st.missed.recursion), (1, 1, 1));
     assert_eq!(*log.lock().unwrap(), vec![(0x10, 0x10, 0x500)]);
     reg.unregister(h).unwrap();
+}
+
+/// A held dispatch borrows its section mutably, so a handler cannot
+/// dispatch in the hook's section again: an engine that keeps the section
+/// where a handler can reach it (a thread-local `RefCell`) gets a borrow
+/// panic in the handler, caught and counted as the handler's, and the
+/// other registry's probe never runs as a second outermost dispatch.
+#[test]
+fn a_handler_cannot_dispatch_in_its_hooks_section_again() {
+    use fprobe::probe::DispatchSection;
+    use std::cell::RefCell;
+    thread_local! {
+        static SECTION: RefCell<Option<DispatchSection>> = const { RefCell::new(None) };
+    }
+    let inner = Arc::new(Registry::<()>::builder().build().unwrap());
+    let inner_runs = Arc::new(AtomicU64::new(0));
+    let runs = inner_runs.clone();
+    let hi = inner
+        .register(
+            Fprobe::builder()
+                .entry(move |_| {
+                    runs.fetch_add(1, Ordering::Relaxed);
+                    EntryAction::Continue
+                })
+                .build(),
+            &[0x20],
+        )
+        .unwrap();
+    let outer = Registry::<()>::builder().build().unwrap();
+    let reg = inner.clone();
+    let ho = outer
+        .register(
+            Fprobe::builder()
+                .entry(move |_| {
+                    SECTION.with(|s| {
+                        let mut s = s.borrow_mut();
+                        reg.on_entry_held(s.as_mut().unwrap(), 0x20, 0x600, &());
+                    });
+                    EntryAction::Continue
+                })
+                .build(),
+            &[0x10],
+        )
+        .unwrap();
+    SECTION.with(|s| *s.borrow_mut() = DispatchSection::enter());
+    SECTION.with(|s| {
+        let mut s = s.borrow_mut();
+        outer.on_entry_held(s.as_mut().unwrap(), 0x10, 0x500, &());
+    });
+    SECTION.with(|s| *s.borrow_mut() = None);
+    assert!(!fprobe::rcu::in_read_section());
+    let so = outer.stats(ho).unwrap();
+    assert_eq!((so.hits, so.panics), (1, 1), "{so:?}");
+    assert_eq!(inner_runs.load(Ordering::Relaxed), 0);
+    // Both registries dispatch as before afterwards.
+    inner.on_entry(0x20, 0x600, &());
+    inner.on_exit(0x600, &());
+    assert_eq!(inner_runs.load(Ordering::Relaxed), 1);
+    inner.unregister(hi).unwrap();
+    outer.unregister(ho).unwrap();
 }

@@ -151,15 +151,15 @@ unsafe fn attached_registry<'s>() -> Option<&'s crate::registry::Reg> {
 #[inline(always)]
 fn hook(
     section: Option<DispatchSection>,
-    held: impl FnOnce(&crate::registry::Reg, &DispatchSection),
+    held: impl FnOnce(&crate::registry::Reg, &mut DispatchSection),
     nested: impl FnOnce(&crate::registry::Reg, &rcu::ReadGuard),
 ) {
     match section {
-        Some(section) => {
+        Some(mut section) => {
             // SAFETY: `section` is a read-side section, open across the
             // load and the dispatch, which is all `reg` is used for.
             if let Some(reg) = unsafe { attached_registry() } {
-                held(reg, &section);
+                held(reg, &mut section);
             }
         }
         None => {

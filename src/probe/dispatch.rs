@@ -40,8 +40,9 @@
 //!    frames name this registry's slots.
 //! 3. `counters` is a bank of `local.counters`: the outer one only in the
 //!    thread's outermost dispatch, while it holds the `DISPATCH` bit and
-//!    the context's registry cache names `local` (where [`panicked`]
-//!    finds it); the nested one otherwise.
+//!    the context's `registry_state` is `local` (where [`panicked`] finds
+//!    it: a `cached_local` hit, or `local_outermost`, which always leaves
+//!    it there); the nested one otherwise.
 //!
 //! An entry is one index lookup, one load of each attached probe's slot
 //! state, the handlers, and one frame pushed on the thread's shadow stack
@@ -127,24 +128,9 @@ unsafe fn count(counters: CounterView, a: &Attachment, which: Counter) {
     unsafe { counters.bump(a.slot, which) }
 }
 
-/// Whether an outermost dispatch that missed the context's cache runs
-/// handlers on `local`, the state [`Registry::local_outermost`] gave it:
-/// the thread is not ignored, and the cache names `local` (where
-/// [`panicked`] finds it; `local_outermost` caches it unless the thread is
-/// ignored). Decided once per dispatch: an `ignore_current_thread` from a
-/// signal handler between `local_outermost` and here changes at most
-/// whether this dispatch runs handlers, never which state they count in.
-#[inline]
-fn runs_handlers(c: &Context, local: &ShadowStack) -> bool {
-    !recursion::ignored(c)
-        && std::ptr::eq(
-            c.registry_state.get(),
-            (local as *const ShadowStack).cast::<()>(),
-        )
-}
-
 /// How a return ends the frames it pops: running their exit handlers, or
-/// not (`recursion`: refused as recursion, else an ignored thread).
+/// not (`recursion`: refused as recursion, else a thread ignored when its
+/// state was looked up).
 #[derive(Clone, Copy)]
 enum Ending {
     Run,
@@ -335,13 +321,15 @@ impl<C: Send + Sync + 'static> Registry<C> {
             },
         };
         if RET {
-            // SAFETY: as below; an outermost dispatch, on this thread's
-            // state in this registry.
+            // SAFETY: as below.
             unsafe { self.end_frames_below(local, call.sp) };
         }
         // SAFETY: inside the dispatch's section (the caller's).
         let attached = unsafe { self.index.get_in_section(call.addr) };
-        // SAFETY: as above; `local` is this thread's stack.
+        // SAFETY: as above (the dispatch contract): `local` is this
+        // thread's state in this registry, left in the context's cache by
+        // `cached_local`'s hit or `local_outermost`, and this dispatch holds
+        // the bit, so the outer bank is its own.
         let kept =
             unsafe { self.entry_probes::<RET>(local, local.counters.outer(), attached, call) };
         if MARK && kept == 0 {
@@ -434,7 +422,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // SAFETY: the caller holds the `DISPATCH` bit, and `c` is its
         // context.
         match unsafe { self.local_outermost(c) } {
-            Some(local) if !runs_handlers(c, local) => {
+            Some(local) if recursion::ignored(c) => {
                 if MARK {
                     local.push_bare();
                 }
@@ -448,6 +436,11 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// engine's hook opened (and in which it loaded the registry, say):
     /// the dispatch takes the section as its own instead of nesting one.
     ///
+    /// The section is borrowed mutably for the dispatch: a handler cannot
+    /// dispatch in it again (that would be a second outermost dispatch
+    /// inside the first, rewriting the thread's cached state under it); a
+    /// handler's dispatch takes the plain methods, which nest.
+    ///
     /// # Examples
     ///
     /// ```
@@ -458,17 +451,17 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// let h = registry.register(probe, &[0x1000]).unwrap();
     /// // The engine's hooks:
     /// match DispatchSection::enter() {
-    ///     Some(section) => registry.on_entry_held(&section, 0x1000, 0, &()),
+    ///     Some(mut section) => registry.on_entry_held(&mut section, 0x1000, 0, &()),
     ///     None => registry.on_entry(0x1000, 0, &()), // inside another dispatch
     /// }
     /// match DispatchSection::enter_for_exit() {
-    ///     Some(section) => registry.on_exit_held(&section, 0, &()),
+    ///     Some(mut section) => registry.on_exit_held(&mut section, 0, &()),
     ///     None => registry.on_exit(0, &()),
     /// }
     /// assert_eq!(registry.stats(h).unwrap().hits, 1);
     /// ```
     #[inline]
-    pub fn on_entry_held(&self, _section: &DispatchSection, addr: u64, ret_addr: u64, ctx: &C) {
+    pub fn on_entry_held(&self, _section: &mut DispatchSection, addr: u64, ret_addr: u64, ctx: &C) {
         // SAFETY: `_section` (`!Send`, so this thread's) holds the
         // `DISPATCH` bit; `context()` is this thread's.
         unsafe {
@@ -784,8 +777,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
             return unsafe { self.exit_outermost_slow(c, ret_addr, ctx) };
         };
         if !local.pop_bare() {
-            // SAFETY: inside the dispatch's section (the caller's), on
-            // this thread's stack.
+            // SAFETY: the dispatch contract: inside the dispatch's section
+            // (the caller's bit), on this thread's state in this registry,
+            // which the cache's hit names, so the outer bank is its own.
             unsafe {
                 self.exit_pop_frame(local, local.counters.outer(), Ending::Run, ret_addr, ctx)
             };
@@ -807,12 +801,13 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // SAFETY: the caller holds the `DISPATCH` bit, and `c` is its
         // context.
         if let Some(local) = unsafe { self.local_outermost(c) } {
-            let ending = match runs_handlers(c, local) {
-                true => Ending::Run,
-                false => Ending::Unrun { recursion: false },
+            let ending = match recursion::ignored(c) {
+                true => Ending::Unrun { recursion: false },
+                false => Ending::Run,
             };
             if !local.pop_bare() {
-                // SAFETY: as in `exit_outermost`.
+                // SAFETY: as in `exit_outermost`, the state left in the
+                // context's `registry_state` by `local_outermost`.
                 unsafe {
                     self.exit_pop_frame(local, local.counters.outer(), ending, ret_addr, ctx)
                 };
@@ -823,7 +818,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// [`on_exit`](Self::on_exit) inside a [`DispatchSection`] (see
     /// [`on_entry_held`](Self::on_entry_held)).
     #[inline]
-    pub fn on_exit_held(&self, _section: &DispatchSection, ret_addr: u64, ctx: &C) {
+    pub fn on_exit_held(&self, _section: &mut DispatchSection, ret_addr: u64, ctx: &C) {
         // SAFETY: as in `on_entry_held`.
         unsafe { self.exit_outermost(context(), ret_addr, ctx) };
     }
@@ -944,8 +939,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
                 // thread holds the `DISPATCH` bit until `end_dispatch`.
                 if let Some(local) = unsafe { self.cached_local(c) } {
                     let counters = local.counters.outer();
-                    // SAFETY: inside the dispatch's section (the bit), on
-                    // this thread's stack.
+                    // SAFETY: as in `exit_outermost`.
                     let ret = unsafe { self.return_frames(local, counters, Ending::Run, sp, ctx) };
                     rec.end_dispatch();
                     return ret;
@@ -966,12 +960,11 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // SAFETY: `begin_exit_dispatch` returned `true`: this thread
             // holds the `DISPATCH` bit until `end_dispatch` below.
             let ret = unsafe { self.local_outermost(c) }.and_then(|local| {
-                let ending = match runs_handlers(c, local) {
-                    true => Ending::Run,
-                    false => Ending::Unrun { recursion: false },
+                let ending = match recursion::ignored(c) {
+                    true => Ending::Unrun { recursion: false },
+                    false => Ending::Run,
                 };
-                // SAFETY: inside the dispatch's section (above), on this
-                // thread's stack.
+                // SAFETY: as in `exit_outermost_slow`.
                 unsafe { self.return_frames(local, local.counters.outer(), ending, sp, ctx) }
             });
             rec.end_dispatch();
@@ -1224,8 +1217,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     ///
     /// # Safety
     ///
-    /// The dispatch contract (module docs) for `local` and `counters` (a
-    /// state being adopted may use its outer bank: `forget_frames`), and
+    /// The dispatch contract (module docs) for `local` and `counters`, and
     /// `n` return entries of a frame below `local`'s `top` lie below word
     /// `entries`, newest first (`shadow.rs`, frame layout).
     #[cold]
@@ -1314,8 +1306,9 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// The thread's state for an outermost dispatch (one that set the
     /// `DISPATCH` bit) that missed the context's cache: made on first use
     /// (an exited thread's adopted), emptied into the current pairing
-    /// epoch if it belongs to an older one, and cached unless the thread
-    /// is ignored. `None` while the thread's thread-locals are being
+    /// epoch if it belongs to an older one, and left in the context's
+    /// cache (under the registry's key unless the thread is ignored).
+    /// `None` while the thread's thread-locals are being
     /// destroyed.
     ///
     /// # Safety
@@ -1338,12 +1331,17 @@ impl<C: Send + Sync + 'static> Registry<C> {
             // registry, and this is its outermost dispatch.
             unsafe { self.forget_frames(local, Some(key)) };
         }
-        if !recursion::ignored(c) {
-            // Read only under the bit, which this dispatch holds.
-            c.registry_state
-                .set((local as *const ShadowStack).cast::<()>());
-            c.registry_key.set(key);
-        }
+        // Read only under the bit, which this dispatch holds. The state
+        // always, so that `panicked` finds it for the rest of this
+        // dispatch whatever the ignore bit reads later (a signal handler's
+        // `ignore_current_thread` may change it); the key only for a
+        // thread that is not ignored (a key of 0 matches no registry), so
+        // that an ignored thread's dispatches keep taking the slow path,
+        // which sees the bit.
+        c.registry_state
+            .set((local as *const ShadowStack).cast::<()>());
+        c.registry_key
+            .set(if recursion::ignored(c) { 0 } else { key });
         Some(local)
     }
 
@@ -1433,9 +1431,9 @@ unsafe fn write_header<C, const RET: bool>(w: Words, mut h: usize, n: u64, call:
 /// (`panics.rs`), finding the probe through the thread's state for the
 /// registry, which holds the registry's slots. An outermost dispatch
 /// (`counters` is the outer bank) takes that state from the thread's
-/// context, where it is cached for as long as the dispatch holds the
-/// `DISPATCH` bit, so that its hot path keeps no pointer alive across the
-/// handler's call for this; a nested one passes `local`.
+/// context, where the dispatch left it (the dispatch contract, clause 3),
+/// so that its hot path keeps no pointer alive across the handler's call
+/// for this; a nested one passes `local`.
 ///
 /// # Safety
 ///

@@ -90,7 +90,7 @@
 //! | [`drain`](Registry::drain) | yes: a grace period, then until the calls in flight return or the timeout | no | no |
 //! | [`enable`](Registry::enable), [`disable`](Registry::disable), [`stats`](Registry::stats) | briefly (registry mutex) | no | no |
 //! | [`reset_pairing`](Registry::reset_pairing) | never | no | yes |
-//! | [`prepare_thread`](Registry::prepare_thread) | briefly, once per thread (thread-index mutex) | the thread's state, once | no |
+//! | [`prepare_thread`](Registry::prepare_thread) | briefly, once per thread (thread-index mutex) | the thread's state in the registry, once (and the thread's RCU record and index, if new) | no |
 //!
 //! **Signals.** A signal handler may dispatch at any instruction of
 //! another dispatch on the same thread, through the same registry or

@@ -11,7 +11,8 @@ use crate::rcu;
 /// dispatches in it, instead of nesting the dispatch's section in a
 /// guard of its own. While it lives it is a read-side section like
 /// [`rcu::read_lock`]'s: `synchronize` waits for it. Hold it only around
-/// the hook's own dispatches; `!Send`.
+/// the hook's own dispatches, which borrow it mutably, one at a time;
+/// `!Send`.
 #[must_use = "the section ends when it drops"]
 pub struct DispatchSection {
     rec: &'static crate::rcu::raw::ReaderRecord,

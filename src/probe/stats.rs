@@ -253,8 +253,9 @@ impl CounterView {
     /// bounds check: this runs on every hit), the counters outlive the
     /// call, and an outer view is used only by the thread's outermost
     /// dispatch, while it holds the `DISPATCH` bit (see [`Counters`]), or
-    /// on a state the thread adopts, before any dispatch of it can reach
-    /// that state.
+    /// on a state the thread is adopting, before any other dispatch of the
+    /// thread can reach it (a thread's first dispatch through a registry is
+    /// not async-signal-safe: `probe` module docs).
     #[inline(always)]
     pub(super) unsafe fn bump(self, slot: u32, which: Counter) {
         debug_assert!((which as usize) < NCOUNTERS, "Unwound: bump_unwound");
@@ -274,8 +275,8 @@ impl CounterView {
 ///
 /// `c` is a counter of the calling thread's [`Counters`]; an outer one
 /// (`nested == false`) only in the thread's outermost dispatch, while it
-/// holds the `DISPATCH` bit, or on a state the thread adopts, before any
-/// dispatch of it can reach that state.
+/// holds the `DISPATCH` bit, or on a state the thread is adopting (as for
+/// [`CounterView::bump`]).
 #[inline(always)]
 unsafe fn bump_one(c: &AtomicU64, nested: bool) {
     if !nested {
