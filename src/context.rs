@@ -24,12 +24,14 @@
 //!   code that made it before it returns (the arguments are in the modules
 //!   named above), so a signal handler finds the block as the interrupted
 //!   code will next read it.
-//! * `registry_key` and `registry_state` change only in a dispatch that
-//!   set the `DISPATCH` bit itself (an outermost dispatch; `registry_key`
-//!   may also be cleared, which only makes lookups miss). A dispatch that
-//!   holds the bit therefore reads the pair at once, without the
-//!   key-value-key check a lone thread-local cache needs: no other
-//!   dispatch on the thread can rewrite it meanwhile.
+//! * `registry_key` and `registry_state` change only under the `DISPATCH`
+//!   bit, by the thread's one outermost dispatch (the bit's own, or a held
+//!   dispatch in a `DispatchSection`, which it borrows mutably, so none
+//!   nests in another; `registry_key` may also be cleared, which only
+//!   makes lookups miss). A dispatch that holds the bit therefore reads
+//!   the pair at once, without the key-value-key check a lone
+//!   thread-local cache needs: no other dispatch on the thread can
+//!   rewrite it meanwhile.
 //! * `hit_key` and `hit_local` the same way for hit caches: a lookup
 //!   through a cache stores `BUSY` in `hit_key` before it reads
 //!   `hit_local` or any entry and puts a key back only after its last

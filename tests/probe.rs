@@ -1273,6 +1273,59 @@ fn first_panic_of_entry_and_exit_handlers_is_kept() {
     assert_eq!(reg.first_panic(entry), Err(Error::NotFound));
 }
 
+/// A handler's panic whose payload panics again when dropped stays inside
+/// the dispatch, entry and exit alike: counted once, the thread's
+/// dispatch ended (no section left open), later calls paired as usual.
+#[test]
+fn a_panic_payload_that_panics_on_drop_stays_contained() {
+    struct PanicsOnDrop;
+    impl Drop for PanicsOnDrop {
+        fn drop(&mut self) {
+            panic!("the payload's drop");
+        }
+    }
+    let reg = Registry::<()>::builder().build().unwrap();
+    let entry = reg
+        .register(
+            Fprobe::builder()
+                .entry(|_| std::panic::panic_any(PanicsOnDrop))
+                .build(),
+            &[0x10],
+        )
+        .unwrap();
+    let exit = reg
+        .register(
+            Fprobe::builder()
+                .exit(|_| std::panic::panic_any(PanicsOnDrop))
+                .build(),
+            &[0x20],
+        )
+        .unwrap();
+    let (probe, log) = addr_logging_probe();
+    let logged = reg.register(probe, &[0x30]).unwrap();
+    for _ in 0..3 {
+        for a in [0x10, 0x20, 0x30] {
+            reg.on_entry(a, 0x500, &());
+            assert!(!fprobe::rcu::in_read_section(), "entry left a section open");
+            reg.on_exit(0x500, &());
+            assert!(!fprobe::rcu::in_read_section(), "exit left a section open");
+        }
+    }
+    assert_eq!(reg.stats(entry).unwrap().panics, 3);
+    assert_eq!(reg.stats(exit).unwrap().panics, 3);
+    assert_eq!(
+        (
+            reg.stats(exit).unwrap().hits,
+            reg.stats(exit).unwrap().in_flight
+        ),
+        (3, 0)
+    );
+    assert_eq!(*log.lock().unwrap(), vec![(0x30, 0x30, 0x500); 3]);
+    for h in [entry, exit, logged] {
+        reg.unregister(h).unwrap();
+    }
+}
+
 /// A hook's own dispatch section: held dispatches run in it (entries and
 /// exits pair as usual), it is a read-side section, a second one cannot
 /// open inside it, and a handler's nested dispatch still nests.
@@ -1348,13 +1401,14 @@ fn a_handler_cannot_dispatch_in_its_hooks_section_again() {
     SECTION.with(|s| {
         let mut s = s.borrow_mut();
         outer.on_entry_held(s.as_mut().unwrap(), 0x10, 0x500, &());
+        outer.on_exit_held(s.as_mut().unwrap(), 0x500, &());
     });
     SECTION.with(|s| *s.borrow_mut() = None);
     assert!(!fprobe::rcu::in_read_section());
     let so = outer.stats(ho).unwrap();
     assert_eq!((so.hits, so.panics), (1, 1), "{so:?}");
     assert_eq!(inner_runs.load(Ordering::Relaxed), 0);
-    // Both registries dispatch as before afterwards.
+    // The inner registry dispatches as before afterwards.
     inner.on_entry(0x20, 0x600, &());
     inner.on_exit(0x600, &());
     assert_eq!(inner_runs.load(Ordering::Relaxed), 1);

@@ -387,6 +387,8 @@ int fprobe_barrier(void);
 
 // Makes every registry skip probes on the calling thread (non-zero) or
 // not (zero): for an engine's own threads. Entry/exit pairing is kept.
+// Not async-signal-safe: call it from the thread's own code (a handler
+// included), not from a signal handler.
 void fprobe_ignore_current_thread(int ignore);
 
 // A static, NUL-terminated description of a status code.

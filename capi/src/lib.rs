@@ -720,6 +720,8 @@ pub extern "C" fn fprobe_barrier() -> c_int {
 
 /// Makes every registry skip probes on the calling thread (non-zero) or
 /// not (zero): for an engine's own threads. Entry/exit pairing is kept.
+/// Not async-signal-safe: call it from the thread's own code (a handler
+/// included), not from a signal handler.
 #[unsafe(no_mangle)]
 pub extern "C" fn fprobe_ignore_current_thread(ignore: c_int) {
     fprobe::probe::ignore_current_thread(ignore != 0);

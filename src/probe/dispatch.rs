@@ -129,8 +129,8 @@ unsafe fn count(counters: CounterView, a: &Attachment, which: Counter) {
 }
 
 /// How a return ends the frames it pops: running their exit handlers, or
-/// not (`recursion`: refused as recursion, else a thread ignored when its
-/// state was looked up).
+/// not (`recursion`: refused as recursion, else a thread the dispatch
+/// found ignored).
 #[derive(Clone, Copy)]
 enum Ending {
     Run,
@@ -459,6 +459,16 @@ impl<C: Send + Sync + 'static> Registry<C> {
     ///     None => registry.on_exit(0, &()),
     /// }
     /// assert_eq!(registry.stats(h).unwrap().hits, 1);
+    /// ```
+    ///
+    /// A shared borrow of the section does not do:
+    ///
+    /// ```compile_fail,E0308
+    /// use fprobe::probe::{DispatchSection, Registry};
+    ///
+    /// let registry = Registry::<()>::builder().build().unwrap();
+    /// let section = DispatchSection::enter().unwrap();
+    /// registry.on_entry_held(&section, 0x1000, 0, &());
     /// ```
     #[inline]
     pub fn on_entry_held(&self, _section: &mut DispatchSection, addr: u64, ret_addr: u64, ctx: &C) {
@@ -1199,11 +1209,12 @@ impl<C: Send + Sync + 'static> Registry<C> {
         };
         match catch_unwind(AssertUnwindSafe(|| exit(&xc))) {
             Ok(()) => bump(Counter::Exits),
-            Err(_) => {
+            Err(payload) => {
                 bump(Counter::Panics);
                 bump(Counter::Unrun);
                 // SAFETY: this function's contract.
                 unsafe { panicked::<C>(counters, local, slot_idx, generation) };
+                super::panics::discard(payload);
             }
         }
         data_at
@@ -1333,8 +1344,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
         }
         // Read only under the bit, which this dispatch holds. The state
         // always, so that `panicked` finds it for the rest of this
-        // dispatch whatever the ignore bit reads later (a signal handler's
-        // `ignore_current_thread` may change it); the key only for a
+        // dispatch whatever the ignore bit reads later; the key only for a
         // thread that is not ignored (a key of 0 matches no registry), so
         // that an ignored thread's dispatches keep taking the slow path,
         // which sees the bit.
@@ -1446,8 +1456,8 @@ unsafe fn panicked<C>(counters: CounterView, local: &ShadowStack, slot: u32, gen
         false => crate::context::context().registry_state.get().cast(),
     };
     // SAFETY: `local` is the thread's state in the dispatch's registry
-    // (the outer bank: the context's cache names it, by the contract),
-    // inside the section.
+    // (the outer bank: the context's `registry_state` is it, clause 3 of
+    // the contract), inside the section.
     unsafe { report_panic::<C>(local, slot, generation) };
 }
 
@@ -1544,12 +1554,13 @@ unsafe fn run_entry<C>(
                 ctx,
                 data,
             };
-            catch_unwind(AssertUnwindSafe(|| entry(&mut ec))).unwrap_or_else(|_| {
+            catch_unwind(AssertUnwindSafe(|| entry(&mut ec))).unwrap_or_else(|payload| {
                 // SAFETY: this function's contract.
                 unsafe {
                     count(counters, a, Counter::Panics);
                     panicked::<C>(counters, local, a.slot, a.generation);
                 }
+                super::panics::discard(payload);
                 EntryAction::SkipExit
             })
         }
@@ -1616,6 +1627,11 @@ fn call_c_exit<C>(
 /// no handler, entry or exit, and counts nothing (but the end of a call
 /// whose exit it skips, for [`ProbeStats::in_flight`](super::ProbeStats::in_flight));
 /// frames are still kept, so entry/exit pairing survives toggling mid-call.
+///
+/// Not async-signal-safe: call it from the thread's own code (a handler
+/// included), not from a signal handler, whose change a nested dispatch it
+/// interrupted could overwrite when it restores the thread's recursion
+/// word.
 ///
 /// # Examples
 ///

@@ -91,6 +91,7 @@
 //! | [`enable`](Registry::enable), [`disable`](Registry::disable), [`stats`](Registry::stats) | briefly (registry mutex) | no | no |
 //! | [`reset_pairing`](Registry::reset_pairing) | never | no | yes |
 //! | [`prepare_thread`](Registry::prepare_thread) | briefly, once per thread (thread-index mutex) | the thread's state in the registry, once (and the thread's RCU record and index, if new) | no |
+//! | [`ignore_current_thread`] | never | no | no (a handler may call it) |
 //!
 //! **Signals.** A signal handler may dispatch at any instruction of
 //! another dispatch on the same thread, through the same registry or

@@ -30,6 +30,19 @@ std::thread_local! {
     static CAUGHT: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
+/// Drops the payload of a handler's panic without letting a second panic
+/// out of the dispatch: a payload whose `Drop` panics (`panic_any` of such
+/// a value) would otherwise unwind through the dispatch that caught the
+/// first. That second panic's payload is leaked, not dropped (its `Drop`
+/// may panic in turn).
+#[cold]
+#[inline(never)]
+pub(super) fn discard(payload: Box<dyn std::any::Any + Send>) {
+    if let Err(again) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(payload))) {
+        std::mem::forget(again);
+    }
+}
+
 /// Installs the hook (once per process).
 pub(super) fn install_hook() {
     static ONCE: Once = Once::new();
