@@ -33,13 +33,16 @@ std::thread_local! {
 /// Drops the payload of a handler's panic without letting a second panic
 /// out of the dispatch: a payload whose `Drop` panics (`panic_any` of such
 /// a value) would otherwise unwind through the dispatch that caught the
-/// first. That second panic's payload is leaked, not dropped (its `Drop`
-/// may panic in turn).
+/// first. The payload of each such panic is dropped the same way in turn,
+/// until one drops cleanly (a `panic!` message's always does).
 #[cold]
 #[inline(never)]
 pub(super) fn discard(payload: Box<dyn std::any::Any + Send>) {
-    if let Err(again) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(payload))) {
-        std::mem::forget(again);
+    let mut payload = payload;
+    while let Err(again) =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(payload)))
+    {
+        payload = again;
     }
 }
 
