@@ -40,6 +40,17 @@ fn addr_logging_probe() -> (Fprobe<()>, ExitLog) {
     (probe, log)
 }
 
+/// A probe with only an entry handler, which counts its runs in `hits`.
+fn counting_entries(hits: &Arc<AtomicU64>) -> Fprobe<()> {
+    let hits = hits.clone();
+    Fprobe::builder()
+        .entry(move |_| {
+            hits.fetch_add(1, Ordering::Relaxed);
+            EntryAction::Continue
+        })
+        .build()
+}
+
 /// A probe with only an exit handler, which counts its runs in `exits`.
 fn counting_exits(exits: &Arc<AtomicU64>) -> Fprobe<()> {
     let exits = exits.clone();
@@ -376,24 +387,15 @@ fn register_is_all_or_nothing() {
         .build()
         .unwrap();
     let hits = counter();
-    let mk = |h: &Arc<AtomicU64>| {
-        let h = h.clone();
-        Fprobe::builder()
-            .entry(move |_| {
-                h.fetch_add(1, Ordering::Relaxed);
-                EntryAction::Continue
-            })
-            .build()
-    };
     let too_big = Fprobe::<()>::builder().data_size(17).exit(|_| {}).build();
     assert!(matches!(
         reg.register(too_big, &[1]),
         Err(Error::InvalidConfig(_))
     ));
-    let a = reg.register(mk(&hits), &[1, 2, 3]).unwrap();
-    reg.register(mk(&hits), &[4]).unwrap();
+    let a = reg.register(counting_entries(&hits), &[1, 2, 3]).unwrap();
+    reg.register(counting_entries(&hits), &[4]).unwrap();
     assert!(matches!(
-        reg.register(mk(&hits), &[5, 6]),
+        reg.register(counting_entries(&hits), &[5, 6]),
         Err(Error::TooManyProbes { max_probes: 2 })
     ));
     assert_eq!(
@@ -407,7 +409,7 @@ fn register_is_all_or_nothing() {
     reg.unregister(a).unwrap();
     assert_eq!(reg.unregister(a), Err(Error::NotFound), "unregister twice");
     assert_eq!(reg.stats(a), Err(Error::NotFound));
-    reg.register(mk(&hits), &[5, 6]).unwrap();
+    reg.register(counting_entries(&hits), &[5, 6]).unwrap();
     assert_eq!(reg.addresses(), 3);
 }
 
@@ -415,18 +417,7 @@ fn register_is_all_or_nothing() {
 fn enable_disable_counts_disabled_hits() {
     let reg = Registry::<()>::builder().build().unwrap();
     let hits = counter();
-    let h2 = hits.clone();
-    let h = reg
-        .register(
-            Fprobe::builder()
-                .entry(move |_| {
-                    h2.fetch_add(1, Ordering::Relaxed);
-                    EntryAction::Continue
-                })
-                .build(),
-            &[9],
-        )
-        .unwrap();
+    let h = reg.register(counting_entries(&hits), &[9]).unwrap();
     reg.disable(h).unwrap();
     for _ in 0..3 {
         reg.on_entry(9, 0, &());
@@ -517,7 +508,6 @@ fn depth_overflow_is_counted_and_pairing_survives() {
 fn panicking_handlers_are_contained() {
     let reg = Registry::<()>::builder().build().unwrap();
     let ok = counter();
-    let o2 = ok.clone();
     let bad = reg
         .register(
             Fprobe::builder()
@@ -532,17 +522,7 @@ fn panicking_handlers_are_contained() {
             &[1, 2],
         )
         .unwrap();
-    let good = reg
-        .register(
-            Fprobe::builder()
-                .entry(move |_| {
-                    o2.fetch_add(1, Ordering::Relaxed);
-                    EntryAction::Continue
-                })
-                .build(),
-            &[1, 2],
-        )
-        .unwrap();
+    let good = reg.register(counting_entries(&ok), &[1, 2]).unwrap();
     for a in [1, 2, 1] {
         reg.on_entry(a, 0, &());
         reg.on_exit(0, &());
@@ -1368,18 +1348,9 @@ fn a_handler_cannot_dispatch_in_its_hooks_section_again() {
         static SECTION: RefCell<Option<DispatchSection>> = const { RefCell::new(None) };
     }
     let inner = Arc::new(Registry::<()>::builder().build().unwrap());
-    let inner_runs = Arc::new(AtomicU64::new(0));
-    let runs = inner_runs.clone();
+    let inner_runs = counter();
     let hi = inner
-        .register(
-            Fprobe::builder()
-                .entry(move |_| {
-                    runs.fetch_add(1, Ordering::Relaxed);
-                    EntryAction::Continue
-                })
-                .build(),
-            &[0x20],
-        )
+        .register(counting_entries(&inner_runs), &[0x20])
         .unwrap();
     let outer = Registry::<()>::builder().build().unwrap();
     let reg = inner.clone();
