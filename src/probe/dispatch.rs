@@ -1174,10 +1174,10 @@ impl<C: Send + Sync + 'static> Registry<C> {
         // Relaxed: ordered by the Acquire of `holds`.
         let fp = slot.probe.load(Ordering::Relaxed);
         // SAFETY: the generation matched inside the caller's read-side
-        // section (this function's contract), so `unregister` (which changes the generation, then
-        // waits for a grace period before it frees the probe) has not
-        // freed it, and cannot until the section ends. A kept entry always
-        // has its probe and an exit handler.
+        // section (this function's contract), so `unregister` (which
+        // changes the generation, then waits for a grace period before it
+        // frees the probe) has not freed it, and cannot until the section
+        // ends. A kept entry always has its probe and an exit handler.
         let Some(fp) = (unsafe { fp.as_ref() }) else {
             bump(Counter::Unrun);
             return data_at;
@@ -1319,8 +1319,7 @@ impl<C: Send + Sync + 'static> Registry<C> {
     /// (an exited thread's adopted), emptied into the current pairing
     /// epoch if it belongs to an older one, and left in the context's
     /// cache (under the registry's key unless the thread is ignored).
-    /// `None` while the thread's thread-locals are being
-    /// destroyed.
+    /// `None` while the thread's thread-locals are being destroyed.
     ///
     /// # Safety
     ///
@@ -1381,12 +1380,11 @@ impl<C: Send + Sync + 'static> Registry<C> {
                         let slots = self.slots.as_ptr().cast::<()>();
                         ShadowStack::new(self.stack_words, self.slots.len(), slots, key)
                     },
-                    // Frames of the exited thread end as unrun. The outer
-                    // bank is free to bump even in a nested dispatch: no
-                    // dispatch of this thread uses a state it just adopted.
+                    // Frames of the exited thread end as unrun.
                     // SAFETY: inside the caller's section; the state is
-                    // this thread's in this registry, adopted just now:
-                    // no dispatch of the thread reaches it yet.
+                    // this thread's in this registry, adopted just now: no
+                    // dispatch of the thread reaches it yet, so its outer
+                    // bank is free to bump even in a nested dispatch.
                     |s| unsafe { self.forget_frames(s, None) },
                 )
             }
