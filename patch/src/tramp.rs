@@ -114,6 +114,13 @@ unsafe extern "C" {
 // stack pointer after the function's `ret`. It writes the caller's return
 // address from `on_exit` into the slot again (the same, from the frame
 // `on_return` pops).
+// The offsets above are `Regs`'s layout, which handlers read.
+const _: () = {
+    assert!(std::mem::offset_of!(Regs, gp) == 0);
+    assert!(std::mem::offset_of!(Regs, xmm) == 64);
+    assert!(std::mem::size_of::<Regs>() == 192);
+};
+
 std::arch::global_asm!(
     ".pushsection .text.fprobe_patch,\"ax\",@progbits",
     // The frame layout above, at rsp. The argument registers, what `Regs`
