@@ -22,15 +22,27 @@
 //! # The hit path
 //!
 //! A hit is: one load of the switch's word, one thread-local access (the
-//! thread's context, `context.rs`) whose key must equal that word, the
-//! set (a multiply and a shift of the address), one load of the write
-//! sequence, the address compared in every way of the set and the
-//! matching way picked with conditional moves (a set holds an address at
-//! most once), one compare of that way's sequence number, the answer, and
-//! a one-instruction hit count. No victim is computed and no clock read on
-//! a hit, and the only branch that depends on the address is "hit or
-//! miss": which way holds a hot address is as good as random, and a
-//! branch per way cost more mispredictions than it saved instructions.
+//! thread's context, `context.rs`) whose key must equal that word (one
+//! compare says both "this cache" and "on"), the address's home entry
+//! (a multiply and a shift of the address), one load of the write
+//! sequence, the home entry's address and sequence number compared, the
+//! answer, and a one-instruction hit count: straight-line code whose
+//! branches a hot loop predicts. No victim is computed, no other way of
+//! the set looked at and no clock read on a hit.
+//!
+//! An address's **set** is the `ways` entries around its home entry. A
+//! lookup that does not find the address home looks through the set's
+//! other ways; a hit there swaps that entry with home's, so the next
+//! lookup of the address takes the hit path. A fill puts the address home
+//! and moves what home held into another way of the set (with two ways,
+//! the default, into the other way: home holds the more recently used
+//! address of the two, and a fill replaces the less recently used). The
+//! set keeps the hit rate of a set-associative cache (a few hot addresses whose homes
+//! collide do not evict each other); the hit path keeps the cost of a
+//! direct-mapped one. (Comparing the address in every way on each hit
+//! costs a compare per way, and a branch per way mispredicts, since which
+//! way holds a hot address is as good as random.)
+//!
 //! The switch's trials run on a separate path (below). Measured in
 //! instructions per lookup by `scripts/instructions.sh` (modes
 //! `hitcache-inline`, `hitcache-hit`, `kprobe-hitcache`); figures in
@@ -101,7 +113,7 @@
 //! # Memory
 //!
 //! Per thread and per cache: `entries × 32` bytes (default 1024 entries,
-//! 4-way: 32 KiB), allocated on the thread's first lookup through that
+//! 2-way: 32 KiB), allocated on the thread's first lookup through that
 //! cache (the crate's `PerThread`: any number of caches, found in
 //! constant time) and freed with the cache; a thread that exits leaves its
 //! entries to the next thread given its thread index, so a cache holds
@@ -212,7 +224,10 @@ pub struct HitCacheConfig {
     /// Entries per thread: a power of two, 16..=65536. Default 1024
     /// (32 KiB per thread).
     pub entries: usize,
-    /// Associativity: 1 (direct-mapped), 2, 4 or 8. Default 4.
+    /// Associativity: 1 (direct-mapped), 2, 4 or 8. Default 2. A hit
+    /// costs the same in all (module docs, the hit path); a lookup that
+    /// misses the address's home entry looks at the set's other ways, so
+    /// more ways cost each miss more and evict fewer hot addresses.
     pub ways: usize,
     /// One cache per CPU, shared by the threads that run there, instead of
     /// one per thread (default `false`; see the module docs for when to
@@ -230,7 +245,7 @@ impl Default for HitCacheConfig {
     fn default() -> Self {
         Self {
             entries: 1024,
-            ways: 4,
+            ways: 2,
             per_cpu: false,
             adaptive: true,
         }
@@ -238,7 +253,7 @@ impl Default for HitCacheConfig {
 }
 
 impl HitCacheConfig {
-    /// The default configuration: 1024 entries, 4-way.
+    /// The default configuration: 1024 entries, 2-way.
     pub fn new() -> Self {
         Self::default()
     }
@@ -365,14 +380,13 @@ struct Entry<A = u64> {
     answer: A,
 }
 
-/// An empty entry.
-/// An empty entry of set `set` (of a cache whose sets are picked by
-/// `mix(addr) >> shift`): its address is one whose set is another, so no
-/// lookup that reaches `set` matches it (the scan relies on a set holding
-/// each address at most once: `through_set`).
-fn empty<A: Answer>(set: usize, shift: u32) -> Entry<A> {
+/// An empty entry of set `set` (of a cache whose entries are picked by
+/// `mix(addr) >> shift`, `ways` to a set): its address is one whose set is
+/// another, so no lookup that reaches `set` matches it (a set holds each
+/// address at most once: `other_ways`).
+fn empty<A: Answer>(set: usize, ways: usize, shift: u32) -> Entry<A> {
     let addr = (0u64..)
-        .find(|&a| (mix(a) >> shift) as usize != set)
+        .find(|&a| (mix(a) >> shift) as usize / ways != set)
         .expect("a cache has at least two sets");
     Entry {
         addr,
@@ -615,71 +629,121 @@ fn fill_number(sequence: &impl SequenceWord, now: u64) -> u64 {
     }
 }
 
-/// One lookup through one set of a thread's cache: the entry for `addr`
-/// if it was filled at the current sequence number, else `miss()` (the index
-/// lookup) and a fill of way `victim()`. Returns the answer and whether it
-/// was a hit. The sequence is loaded *before* the index lookup: a write
-/// racing with the fill has advanced it by the time it completes, so the
-/// entry is never used after that write (module docs).
+/// One lookup through one set of a thread's cache: the answer in the
+/// address's home entry if it was filled at the current sequence number,
+/// else the set's other ways (a hit there moves the entry home), else
+/// `miss()` (the index lookup) and a fill of the home entry. Returns the
+/// answer and whether it was a hit. The sequence is loaded *before* the
+/// index lookup: a write racing with the fill has advanced it by the time
+/// it completes, so the entry is never used after that write (module
+/// docs).
+///
+/// `home` is the address's entry; `set()` the set it is in and its
+/// position there, asked for only when the home entry does not answer (so
+/// the hit path does not compute the set).
 #[inline(always)]
-fn through_set<R: Copy>(
+fn through_set<'s, R: Copy + 's>(
     sequence: &impl SequenceWord,
-    set: &[Cell<Entry<R>>],
+    home: &'s Cell<Entry<R>>,
+    set: impl FnOnce() -> (&'s [Cell<Entry<R>>], usize),
     victim: impl FnOnce() -> usize,
     addr: u64,
     miss: impl FnOnce() -> R,
 ) -> (R, bool) {
     let now = sequence.current();
-    // The way holding `addr` (a set holds an address at most once: `fill`
-    // and `empty`), found without a branch per way (the compiler makes the
-    // select a conditional move): which way holds a hot address is as good
-    // as random, and a branch per way would be mispredicted on many hits.
-    // Then one branch, on its sequence number.
-    let mut way = usize::MAX;
-    for (i, e) in set.iter().enumerate() {
-        // SAFETY: a `Cell` of this thread's cache, read in place; nothing
-        // writes it meanwhile (the caller's `BUSY`, or loom's single thread
-        // per set).
-        let e = unsafe { &*e.as_ptr() };
-        way = if e.addr == addr { i } else { way };
+    // SAFETY: a `Cell` of this thread's cache, read in place; nothing
+    // writes it meanwhile (the caller's `BUSY`, or loom's single thread
+    // per set).
+    let h = unsafe { &*home.as_ptr() };
+    if h.addr == addr && h.filled == now {
+        return (h.answer, true);
     }
-    if let Some(e) = set.get(way) {
-        // SAFETY: as above.
-        let e = unsafe { &*e.as_ptr() };
-        if e.filled == now {
-            return (e.answer, true);
-        }
-    }
-    fill(sequence, set, victim, now, addr, miss)
+    cold();
+    other_ways(sequence, set, victim, now, addr, miss)
 }
 
-/// [`through_set`]'s miss: the lookup behind the cache, then the fill.
-/// Inline: out of line, the call costs the misses most of the memory-level
-/// parallelism the lookup behind the cache has (consecutive misses no
-/// longer overlap their memory accesses).
+/// [`through_set`] past the home entry: the set's other ways, then the
+/// lookup behind the cache and the fill. Inline: out of line, the call
+/// costs the misses most of the memory-level parallelism the lookup behind
+/// the cache has (consecutive misses no longer overlap their memory
+/// accesses).
+///
+/// A set holds an address at most once: a fill puts the address home and
+/// moves what home held into the way that held the address (at an older
+/// sequence number), else into a victim way other than home.
 #[inline(always)]
-fn fill<R: Copy>(
+fn other_ways<'s, R: Copy + 's>(
     sequence: &impl SequenceWord,
-    set: &[Cell<Entry<R>>],
+    set: impl FnOnce() -> (&'s [Cell<Entry<R>>], usize),
     victim: impl FnOnce() -> usize,
     now: u64,
     addr: u64,
     miss: impl FnOnce() -> R,
 ) -> (R, bool) {
+    let (set, home) = set();
+    let ways = set.len();
+    if ways == 2 {
+        // Two ways: home holds the set's most recent address, the other
+        // way the one before (least recently used, and the one a fill
+        // replaces).
+        let other = &set[home ^ 1];
+        // SAFETY: as in `through_set`.
+        let o = unsafe { &*other.as_ptr() };
+        if o.addr == addr && o.filled == now {
+            let e = *o;
+            other.set(set[home].get());
+            set[home].set(e);
+            return (e.answer, true);
+        }
+        let answer = miss();
+        let filled = Entry {
+            addr,
+            filled: fill_number(sequence, now),
+            answer,
+        };
+        // SAFETY: as above.
+        if unsafe { (*set[home].as_ptr()).addr } != addr {
+            other.set(set[home].get());
+        }
+        set[home].set(filled);
+        return (answer, false);
+    }
+    // The way that holds `addr` (at most one does), else `ways`.
+    let mut found = ways;
+    for (i, e) in set.iter().enumerate() {
+        // SAFETY: as in `through_set`.
+        if unsafe { (*e.as_ptr()).addr } == addr {
+            found = i;
+        }
+    }
+    if found != home && found < ways {
+        // SAFETY: as above.
+        let e = unsafe { *set[found].as_ptr() };
+        if e.filled == now {
+            // The hit moves home, where the next lookup finds it first.
+            set[found].set(set[home].get());
+            set[home].set(e);
+            return (e.answer, true);
+        }
+    }
     let answer = miss();
-    let filled_at = fill_number(sequence, now);
-    // The way that holds `addr` already (filled at an older sequence
-    // number), else the victim: a set never holds an address twice, so the
-    // scan's one match is the only candidate.
-    let way = set
-        .iter()
-        .position(|e| e.get().addr == addr)
-        .unwrap_or_else(|| victim() & (set.len() - 1));
-    set[way].set(Entry {
+    let filled = Entry {
         addr,
-        filled: filled_at,
+        filled: fill_number(sequence, now),
         answer,
-    });
+    };
+    if found != home && ways > 1 {
+        // What home holds moves aside: into the way that held `addr`
+        // (stale), else a victim other than home.
+        let to = if found < ways {
+            found
+        } else {
+            let v = victim() & (ways - 1);
+            if v == home { (v + 1) & (ways - 1) } else { v }
+        };
+        set[to].set(set[home].get());
+    }
+    set[home].set(filled);
     (answer, false)
 }
 
@@ -795,6 +859,12 @@ const PER_CPU_KEY: u64 = 1 << 61;
 /// matches no live cache's switch. Below [`PER_CPU_KEY`].
 static NEXT_KEY: unmodelled::AtomicU64 = unmodelled::AtomicU64::new(1);
 
+/// Marks the path that calls it as unlikely, so that the compiler lays
+/// the hit path out straight (stable Rust has no branch hint).
+#[cold]
+#[inline(always)]
+fn cold() {}
+
 /// A cheap clock for the switch's windows: the time-stamp counter on
 /// x86-64, else the monotonic clock in nanoseconds. Only differences over
 /// one thread's consecutive windows are used.
@@ -820,14 +890,15 @@ fn ticks() -> u64 {
 /// counters and its trial schedule. Owned by the thread (the `PerThread`
 /// invariant: one owner at a time); other threads only load the counters.
 ///
-/// The hit path reads the first fields (entries, `shift`, `ways`) and
-/// bumps `hits`, all on one line.
+/// The hit path reads the first fields (entries, `shift`) and bumps
+/// `hits`, all on one line.
 #[repr(C)]
 struct ThreadCache<A> {
-    /// Invariant: `entries.len() == (1 << (64 - shift)) * ways` in
-    /// per-thread mode; empty in per-CPU mode.
+    /// Invariant: `entries.len() == 1 << (64 - shift)` in per-thread mode;
+    /// empty in per-CPU mode. Sets of `ways` consecutive entries.
     entries: Box<[Cell<Entry<A>>]>,
-    /// `64 - log2(sets)`: a set is the top bits of the address's hash.
+    /// `64 - log2(entries)`: an address's home entry is the top bits of
+    /// its hash, its set the `ways` entries around it (`through_local`).
     shift: u32,
     ways: u32,
     /// Lookups answered from the cache (stored by the owner only).
@@ -1002,11 +1073,7 @@ impl<A: Answer> HitCache<A> {
     /// the same thread's goes straight to `miss`.
     #[inline]
     pub fn lookup(&self, addr: u64, miss: impl FnOnce() -> A) -> A {
-        let state = self.state();
-        if state & OFF != 0 {
-            return miss();
-        }
-        self.lookup_on(state, addr, miss)
+        self.lookup_on(self.state(), addr, miss)
     }
 
     /// Makes every entry filled so far unusable, on every thread: call it
@@ -1038,19 +1105,26 @@ impl<A: Answer> HitCache<A> {
 
     /// Whether a switch word says "off".
     #[inline(always)]
-    pub(crate) fn is_off(state: u64) -> bool {
+    fn is_off(state: u64) -> bool {
         state & OFF != 0
     }
 
-    /// [`lookup`](Self::lookup) once the switch's word `state` was found
-    /// not off: the hit path, inline; anything else (first use on this
-    /// thread, another cache used last, a trial, per-CPU mode, a nested
-    /// lookup) out of line.
+    /// [`lookup`](Self::lookup) under the switch's word `state`: the hit
+    /// path inline; `miss()` alone while the switch is off; anything else
+    /// (first use on this thread, another cache used last, a trial,
+    /// per-CPU mode, a nested lookup) out of line.
     #[inline(always)]
     pub(crate) fn lookup_on(&self, state: u64, addr: u64, miss: impl FnOnce() -> A) -> A {
         let c = context();
         let key = c.hit_key.get();
+        // No key a context holds equals a switch's word with `OFF` set
+        // (keys are below `PER_CPU_KEY`; `BUSY`, all ones, is no switch's
+        // word), so an equal key also means "on": one compare for both.
         if key != state {
+            cold();
+            if Self::is_off(state) {
+                return miss();
+            }
             if key == state | PER_CPU_KEY {
                 return self.lookup_per_cpu(c, key, addr, miss);
             }
@@ -1095,31 +1169,22 @@ impl<A: Answer> HitCache<A> {
     #[inline(always)]
     fn through_local(&self, local: &ThreadCache<A>, addr: u64, miss: impl FnOnce() -> A) -> A {
         let sequence = &self.sequence.0;
-        let set = (mix(addr) >> local.shift) as usize;
+        let slot = (mix(addr) >> local.shift) as usize;
         let miss = || {
             bump(&local.misses);
             miss()
         };
-        let (answer, hit) = if local.ways == 4 {
-            // The default associativity, with the set's size known to
-            // the compiler (the scan unrolled).
-            // SAFETY: `set` is below the set count (the `ThreadCache`
-            // invariant: `mix(addr) >> shift` is), so its four entries are
-            // in `entries`.
-            let ways = unsafe {
-                &*local
-                    .entries
-                    .as_ptr()
-                    .add(set * 4)
-                    .cast::<[Cell<Entry<A>>; 4]>()
-            };
-            through_set(sequence, ways, || local.next_victim(), addr, miss)
-        } else {
+        // SAFETY: `slot` is below the entry count (the `ThreadCache`
+        // invariant: `mix(addr) >> shift` is).
+        let home = unsafe { local.entries.get_unchecked(slot) };
+        let set = || {
             let ways = local.ways as usize;
-            // SAFETY: as above, for `ways` entries.
-            let ways = unsafe { local.entries.get_unchecked(set * ways..(set + 1) * ways) };
-            through_set(sequence, ways, || local.next_victim(), addr, miss)
+            let first = slot & !(ways - 1);
+            // SAFETY: as above: `entries` holds whole sets.
+            let set = unsafe { local.entries.get_unchecked(first..first + ways) };
+            (set, slot - first)
         };
+        let (answer, hit) = through_set(sequence, home, set, || local.next_victim(), addr, miss);
         if hit {
             bump(&local.hits);
         }
@@ -1136,9 +1201,9 @@ impl<A: Answer> HitCache<A> {
         miss: impl FnOnce() -> A,
     ) -> A {
         let cpu = pc.source.cpu().unwrap_or(0) & (pc.cpus - 1);
-        let base =
-            cpu * self.config.entries + (mix(addr) >> local.shift) as usize * self.config.ways;
-        let set = &pc.entries[base..base + self.config.ways];
+        let ways = self.config.ways;
+        let base = cpu * self.config.entries + ((mix(addr) >> local.shift) as usize & !(ways - 1));
+        let set = &pc.entries[base..base + ways];
         let sequence = &self.sequence.0;
         let miss = || {
             bump(&local.misses);
@@ -1268,15 +1333,15 @@ impl<A: Answer> HitCache<A> {
         }
         let c = self.config;
         let per_cpu = self.per_cpu.is_some();
-        let sets = c.entries / c.ways;
+        let shift = 64 - c.entries.trailing_zeros();
         self.locals.get_or(
             || ThreadCache {
                 // In per-CPU mode the thread keeps counters and the
                 // schedule only.
                 entries: (0..if per_cpu { 0 } else { c.entries })
-                    .map(|i| Cell::new(empty(i / c.ways, 64 - sets.trailing_zeros())))
+                    .map(|i| Cell::new(empty(i / c.ways, c.ways, shift)))
                     .collect(),
-                shift: 64 - sets.trailing_zeros(),
+                shift,
                 ways: c.ways as u32,
                 hits: AtomicU64::new(0),
                 misses: AtomicU64::new(0),
@@ -1426,12 +1491,14 @@ mod loom_tests {
                 };
                 let set = [Cell::new(empty), Cell::new(empty)];
                 let index = || record.load(Ordering::Acquire);
-                let (first, hit) = through_set(&*sequence, &set, || 0, 7, index);
+                let (first, hit) =
+                    through_set(&*sequence, &set[0], || (&set[..], 0), || 0, 7, index);
                 assert!(!hit && (first == 1 || first == 2));
                 // A lookup that begins after the write returned must not
                 // be answered with the replaced record.
                 if returned.load(Ordering::Acquire) {
-                    let (second, _) = through_set(&*sequence, &set, || 1, 7, index);
+                    let (second, _) =
+                        through_set(&*sequence, &set[0], || (&set[..], 0), || 1, 7, index);
                     assert_eq!(
                         second, 2,
                         "hit cache returned a record replaced before the lookup began"
@@ -1505,7 +1572,96 @@ mod loom_tests {
 
 #[cfg(test)]
 mod tests {
-    use super::cache_pays;
+    use std::cell::Cell;
+
+    use super::{Entry, SequenceWord, cache_pays, through_set};
+    use crate::sync::unmodelled::AtomicU64;
+
+    /// Lookups of `addr` through a set of four ways whose home is way 0,
+    /// answered `addr * 10 + version` by the table behind it: whether each
+    /// was a hit, and the set's addresses afterwards.
+    #[test]
+    fn a_set_moves_hits_home_and_holds_each_address_once() {
+        let sequence = AtomicU64::new(0);
+        let empty = Entry {
+            addr: u64::MAX,
+            filled: u64::MAX,
+            answer: 0u64,
+        };
+        let set: [Cell<Entry>; 4] = std::array::from_fn(|_| Cell::new(empty));
+        let version = Cell::new(0);
+        let mut victims = 0..;
+        let mut lookup = |addr: u64| {
+            let (answer, hit) = through_set(
+                &sequence,
+                &set[0],
+                || (&set[..], 0),
+                || victims.next().unwrap(),
+                addr,
+                || addr * 10 + version.get(),
+            );
+            assert_eq!(answer, addr * 10 + version.get(), "address {addr}");
+            let addrs: Vec<u64> = set.iter().map(|e| e.get().addr).collect();
+            for (i, a) in addrs.iter().enumerate() {
+                assert!(
+                    *a == u64::MAX || !addrs[i + 1..].contains(a),
+                    "{a} twice in {addrs:?}"
+                );
+            }
+            assert_eq!(addrs[0], addr, "{addr} is not home in {addrs:?}");
+            hit
+        };
+        // Fills: each new address goes home, pushing the last one aside.
+        assert!(!lookup(1) && !lookup(2) && !lookup(3));
+        // Hits in the other ways move home.
+        assert!(lookup(1) && lookup(2) && lookup(2) && lookup(3) && lookup(1));
+        // A write: every entry is stale; refills replace the stale copy
+        // instead of adding a second one.
+        version.set(1);
+        sequence.advance();
+        assert!(!lookup(2) && !lookup(1) && !lookup(3));
+        assert!(lookup(2) && lookup(3) && lookup(1));
+        // A fifth address evicts one of the other ways, never home's.
+        assert!(!lookup(4) && !lookup(5));
+        assert!(lookup(4));
+    }
+
+    /// Two ways: home holds the more recent address, and a fill replaces
+    /// the less recent one.
+    #[test]
+    fn two_ways_keep_the_two_most_recent_addresses() {
+        let sequence = AtomicU64::new(0);
+        let empty = Entry {
+            addr: u64::MAX,
+            filled: u64::MAX,
+            answer: 0u64,
+        };
+        let set: [Cell<Entry>; 2] = std::array::from_fn(|_| Cell::new(empty));
+        let version = Cell::new(0);
+        let lookup = |addr: u64, home: usize| {
+            let (answer, hit) = through_set(
+                &sequence,
+                &set[home],
+                || (&set[..], home),
+                || unreachable!("two ways need no victim"),
+                addr,
+                || addr * 10 + version.get(),
+            );
+            assert_eq!(answer, addr * 10 + version.get(), "address {addr}");
+            assert_eq!(set[home].get().addr, addr, "{addr} is not home");
+            assert_ne!(set[0].get().addr, set[1].get().addr, "an address twice");
+            hit
+        };
+        assert!(!lookup(1, 0) && !lookup(2, 0));
+        assert!(lookup(1, 0) && lookup(1, 0) && lookup(2, 0));
+        // 1 was the less recent: 3 replaces it.
+        assert!(!lookup(3, 0) && lookup(2, 0) && !lookup(1, 0));
+        // A home in the other way: the same set, the same two entries.
+        assert!(lookup(2, 1) && lookup(1, 0));
+        version.set(1);
+        sequence.advance();
+        assert!(!lookup(2, 0) && !lookup(1, 0) && lookup(2, 0));
+    }
 
     #[test]
     fn the_cache_stays_on_only_when_its_windows_are_faster() {

@@ -179,19 +179,17 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
         unsafe { self.raw.get(0) }
     }
 
-    /// [`values`](Self::values) through the cache.
+    /// [`values`](Self::values) through the cache: out of line, so that
+    /// the cache's paths (its hit path, and its misses with the fill
+    /// inline) take no registers from the plain lookup of every index and
+    /// registry without a cache, which shares the caller's code.
     ///
     /// # Safety
     ///
     /// As for [`values`](Self::values).
-    #[inline(always)]
+    #[inline(never)]
     unsafe fn values_cached<'g>(&'g self, c: &HitCache<Span>, addr: u64) -> &'g [V] {
-        let state = c.state();
-        if HitCache::<Span>::is_off(state) {
-            // SAFETY: the caller's section.
-            return unsafe { self.raw.get(addr) };
-        }
-        let span = c.lookup_on(state, addr, || {
+        let span = c.lookup_on(c.state(), addr, || {
             // SAFETY: the caller's section.
             Span::of::<V>(unsafe { self.raw.get(addr) })
         });
