@@ -6,8 +6,8 @@
 //!
 //! * [`HitCache`] stands in front of any lookup (a chained table, a sorted
 //!   array, a tree, an [`AddrIndex`](crate::AddrIndex)), holding the answer
-//!   itself (an integer, a value, a pointer), so a hit reads one set of
-//!   the cache and no line of the table, and needs no read-side section.
+//!   itself (an integer, a value, a pointer), so a hit reads one entry
+//!   of the cache and no line of the table, and needs no read-side section.
 //!   Its user calls [`HitCache::invalidate`] after each write.
 //! * An [`AddrIndex`](crate::AddrIndex) built with
 //!   [`AddrIndexBuilder::hit_cache`](crate::AddrIndexBuilder::hit_cache)
@@ -50,17 +50,19 @@
 //!
 //! # When to turn it on
 //!
-//! Where a lookup behind it costs more than a hit: tables whose lines are
-//! not in the processor's caches (large tables, chained tables, a caller
-//! whose own work evicts them), skewed traces (a few addresses take most
-//! lookups), and answers a caller can hold inline (a hit then skips the
-//! read-side section as well). Where it does not pay, the default switch
-//! turns it off (below), but an index whose cache is off still looks up
+//! A standalone [`HitCache`] holding the answer inline, in front of a
+//! trace where hits dominate (a real call trace, where a few hundred
+//! functions take every call, pays most): a hit is a fraction of a lookup,
+//! but a miss costs the hit check and a fill on top of the lookup, and
+//! the fill's stores leave less room for consecutive lookups to overlap,
+//! so the cache loses where misses are common. The cache composed into
+//! an index pays less: its hit still needs the read-side section and reads
+//! the values under it. Where it does not pay, the default switch is meant
+//! to turn it off (below), but an index whose cache is off still looks up
 //! slower than one without a cache (one load of the switch's bound and
-//! one compare per lookup; `BENCHMARKS.md`, section "Recent-hit cache",
-//! times it): build an index
-//! with a cache only where the trace is known to be skewed.
-//! `BENCHMARKS.md`, section "Recent-hit cache", has the traces measured.
+//! one compare per lookup), and the switch's short trials can misjudge on
+//! a noisy machine. `BENCHMARKS.md`, section "Recent-hit cache", has the
+//! traces measured.
 //!
 //! # Why it can help
 //!
@@ -948,7 +950,7 @@ fn bump(c: &AtomicU64) {
 ///
 /// The answer is held in the entry itself (an [`Answer`]: an integer such
 /// as an index into the caller's array or a value of the table, or a
-/// pointer), so a hit reads one set of the cache and nothing else: no
+/// pointer), so a hit reads one entry of the cache and nothing else: no
 /// read-side section, no line of the table.
 /// [`AddrIndex`](crate::AddrIndex) composes one in front of its lookups
 /// ([`AddrIndexBuilder::hit_cache`](crate::AddrIndexBuilder::hit_cache)),
