@@ -687,7 +687,10 @@ fn other_ways<'s, R: Copy + 's>(
     if ways == 2 {
         // Two ways: home holds the set's most recent address, the other
         // way the one before (least recently used, and the one a fill
-        // replaces).
+        // replaces). The general path below does the same for two ways,
+        // but the default's misses take this straight-line copy of it:
+        // one path for both makes each two-way miss markedly dearer (the
+        // instruction driver's `hitcache-inline uniform` counts it).
         let other = &set[home ^ 1];
         // SAFETY: as in `through_set`.
         let o = unsafe { &*other.as_ptr() };
@@ -1073,50 +1076,13 @@ impl<A: Answer> HitCache<A> {
     /// else `miss()` (which then fills an entry). Async-signal-safe when
     /// `miss` is: a lookup from a signal handler that interrupted one of
     /// the same thread's goes straight to `miss`.
-    #[inline]
+    ///
+    /// The hit path is inline; while the switch is off, `miss()` alone;
+    /// anything else (first use on this thread, another cache used last,
+    /// a trial, per-CPU mode, a nested lookup) out of line.
+    #[inline(always)]
     pub fn lookup(&self, addr: u64, miss: impl FnOnce() -> A) -> A {
-        self.lookup_on(self.state(), addr, miss)
-    }
-
-    /// Makes every entry filled so far unusable, on every thread: call it
-    /// after changing what `miss` returns, before freeing what an old
-    /// answer refers to (type docs). One atomic increment.
-    #[inline]
-    pub fn invalidate(&self) {
-        self.sequence.0.advance();
-    }
-
-    /// The switch's word: with [`OFF`] set, lookups go past the cache
-    /// (module docs: the switch).
-    #[inline(always)]
-    pub(crate) fn state(&self) -> u64 {
-        // Relaxed: the switch is a hint that publishes nothing; the
-        // entries' own protocol (the write sequence) keeps answers current.
-        self.arm.state.load(Ordering::Relaxed)
-    }
-
-    /// The switch as a bound for a table that composes the cache in front
-    /// of its lookups: addresses above it go past the cache (0 while the
-    /// switch is off, `u64::MAX` while it is on or a trial is due). A hint,
-    /// stored after the switch's word changes: a lookup is correct on
-    /// either path.
-    #[inline(always)]
-    pub(crate) fn bound(&self) -> &unmodelled::AtomicU64 {
-        &self.arm.bound
-    }
-
-    /// Whether a switch word says "off".
-    #[inline(always)]
-    fn is_off(state: u64) -> bool {
-        state & OFF != 0
-    }
-
-    /// [`lookup`](Self::lookup) under the switch's word `state`: the hit
-    /// path inline; `miss()` alone while the switch is off; anything else
-    /// (first use on this thread, another cache used last, a trial,
-    /// per-CPU mode, a nested lookup) out of line.
-    #[inline(always)]
-    pub(crate) fn lookup_on(&self, state: u64, addr: u64, miss: impl FnOnce() -> A) -> A {
+        let state = self.state();
         let c = context();
         let key = c.hit_key.get();
         // No key a context holds equals a switch's word with `OFF` set
@@ -1147,7 +1113,40 @@ impl<A: Answer> HitCache<A> {
         answer
     }
 
-    /// [`lookup_on`](Self::lookup_on) of a per-CPU cache that is on and
+    /// Makes every entry filled so far unusable, on every thread: call it
+    /// after changing what `miss` returns, before freeing what an old
+    /// answer refers to (type docs). One atomic increment.
+    #[inline]
+    pub fn invalidate(&self) {
+        self.sequence.0.advance();
+    }
+
+    /// The switch's word: with [`OFF`] set, lookups go past the cache
+    /// (module docs: the switch).
+    #[inline(always)]
+    fn state(&self) -> u64 {
+        // Relaxed: the switch is a hint that publishes nothing; the
+        // entries' own protocol (the write sequence) keeps answers current.
+        self.arm.state.load(Ordering::Relaxed)
+    }
+
+    /// The switch as a bound for a table that composes the cache in front
+    /// of its lookups: addresses above it go past the cache (0 while the
+    /// switch is off, `u64::MAX` while it is on or a trial is due). A hint,
+    /// stored after the switch's word changes: a lookup is correct on
+    /// either path.
+    #[inline(always)]
+    pub(crate) fn bound(&self) -> &unmodelled::AtomicU64 {
+        &self.arm.bound
+    }
+
+    /// Whether a switch word says "off".
+    #[inline(always)]
+    fn is_off(state: u64) -> bool {
+        state & OFF != 0
+    }
+
+    /// [`lookup`](Self::lookup) of a per-CPU cache that is on and
     /// was the thread's last (its context holds `key`, the switch's word
     /// with [`PER_CPU_KEY`]).
     #[inline(always)]
@@ -1157,9 +1156,9 @@ impl<A: Answer> HitCache<A> {
             return miss();
         };
         c.hit_key.set(BUSY);
-        // As in `lookup_on`.
+        // As in `lookup`.
         compiler_fence(Ordering::SeqCst);
-        // SAFETY: as in `lookup_on`: the context's key is this cache's.
+        // SAFETY: as in `lookup`: the context's key is this cache's.
         let local = unsafe { &*c.hit_local.get().cast::<ThreadCache<A>>() };
         let answer = self.through_cpu(pc, local, addr, miss);
         compiler_fence(Ordering::SeqCst);

@@ -189,7 +189,7 @@ impl<V: Clone + Send + Sync + 'static> AddrIndex<V> {
     /// As for [`values`](Self::values).
     #[inline(never)]
     unsafe fn values_cached<'g>(&'g self, c: &HitCache<Span>, addr: u64) -> &'g [V] {
-        let span = c.lookup_on(c.state(), addr, || {
+        let span = c.lookup(addr, || {
             // SAFETY: the caller's section.
             Span::of::<V>(unsafe { self.raw.get(addr) })
         });
