@@ -1578,38 +1578,70 @@ mod tests {
     use super::{Entry, SequenceWord, cache_pays, through_set};
     use crate::sync::unmodelled::AtomicU64;
 
-    /// Lookups of `addr` through a set of four ways whose home is way 0,
-    /// answered `addr * 10 + version` by the table behind it: whether each
-    /// was a hit, and the set's addresses afterwards.
+    /// A set of `W` ways, empty, in front of a table that answers
+    /// `addr * 10 + version`.
+    struct Set<const W: usize> {
+        sequence: AtomicU64,
+        ways: [Cell<Entry>; W],
+        version: Cell<u64>,
+    }
+
+    impl<const W: usize> Set<W> {
+        fn new() -> Self {
+            let empty = Entry {
+                addr: u64::MAX,
+                filled: u64::MAX,
+                answer: 0u64,
+            };
+            Self {
+                sequence: AtomicU64::new(0),
+                ways: std::array::from_fn(|_| Cell::new(empty)),
+                version: Cell::new(0),
+            }
+        }
+
+        /// A lookup of `addr` whose home is way `home`: checks the answer
+        /// and that `addr` is home afterwards, and says whether it hit.
+        fn lookup(&self, addr: u64, home: usize, victim: impl FnOnce() -> usize) -> bool {
+            let (answer, hit) = through_set(
+                &self.sequence,
+                &self.ways[home],
+                || (&self.ways[..], home),
+                victim,
+                addr,
+                || addr * 10 + self.version.get(),
+            );
+            assert_eq!(answer, addr * 10 + self.version.get(), "address {addr}");
+            let addrs = self.addrs();
+            assert_eq!(addrs[home], addr, "{addr} is not home in {addrs:?}");
+            hit
+        }
+
+        /// The table's answers change: every entry is stale.
+        fn write(&self) {
+            self.version.set(self.version.get() + 1);
+            self.sequence.advance();
+        }
+
+        fn addrs(&self) -> Vec<u64> {
+            self.ways.iter().map(|e| e.get().addr).collect()
+        }
+    }
+
+    /// Lookups through a set of four ways whose home is way 0.
     #[test]
     fn a_set_moves_hits_home_and_holds_each_address_once() {
-        let sequence = AtomicU64::new(0);
-        let empty = Entry {
-            addr: u64::MAX,
-            filled: u64::MAX,
-            answer: 0u64,
-        };
-        let set: [Cell<Entry>; 4] = std::array::from_fn(|_| Cell::new(empty));
-        let version = Cell::new(0);
+        let set = Set::<4>::new();
         let mut victims = 0..;
         let mut lookup = |addr: u64| {
-            let (answer, hit) = through_set(
-                &sequence,
-                &set[0],
-                || (&set[..], 0),
-                || victims.next().unwrap(),
-                addr,
-                || addr * 10 + version.get(),
-            );
-            assert_eq!(answer, addr * 10 + version.get(), "address {addr}");
-            let addrs: Vec<u64> = set.iter().map(|e| e.get().addr).collect();
+            let hit = set.lookup(addr, 0, || victims.next().unwrap());
+            let addrs = set.addrs();
             for (i, a) in addrs.iter().enumerate() {
                 assert!(
                     *a == u64::MAX || !addrs[i + 1..].contains(a),
                     "{a} twice in {addrs:?}"
                 );
             }
-            assert_eq!(addrs[0], addr, "{addr} is not home in {addrs:?}");
             hit
         };
         // Fills: each new address goes home, pushing the last one aside.
@@ -1618,8 +1650,7 @@ mod tests {
         assert!(lookup(1) && lookup(2) && lookup(2) && lookup(3) && lookup(1));
         // A write: every entry is stale; refills replace the stale copy
         // instead of adding a second one.
-        version.set(1);
-        sequence.advance();
+        set.write();
         assert!(!lookup(2) && !lookup(1) && !lookup(3));
         assert!(lookup(2) && lookup(3) && lookup(1));
         // A fifth address evicts one of the other ways, never home's.
@@ -1631,26 +1662,11 @@ mod tests {
     /// the less recent one.
     #[test]
     fn two_ways_keep_the_two_most_recent_addresses() {
-        let sequence = AtomicU64::new(0);
-        let empty = Entry {
-            addr: u64::MAX,
-            filled: u64::MAX,
-            answer: 0u64,
-        };
-        let set: [Cell<Entry>; 2] = std::array::from_fn(|_| Cell::new(empty));
-        let version = Cell::new(0);
+        let set = Set::<2>::new();
         let lookup = |addr: u64, home: usize| {
-            let (answer, hit) = through_set(
-                &sequence,
-                &set[home],
-                || (&set[..], home),
-                || unreachable!("two ways need no victim"),
-                addr,
-                || addr * 10 + version.get(),
-            );
-            assert_eq!(answer, addr * 10 + version.get(), "address {addr}");
-            assert_eq!(set[home].get().addr, addr, "{addr} is not home");
-            assert_ne!(set[0].get().addr, set[1].get().addr, "an address twice");
+            let hit = set.lookup(addr, home, || unreachable!("two ways need no victim"));
+            let addrs = set.addrs();
+            assert_ne!(addrs[0], addrs[1], "an address twice");
             hit
         };
         assert!(!lookup(1, 0) && !lookup(2, 0));
@@ -1659,8 +1675,7 @@ mod tests {
         assert!(!lookup(3, 0) && lookup(2, 0) && !lookup(1, 0));
         // A home in the other way: the same set, the same two entries.
         assert!(lookup(2, 1) && lookup(1, 0));
-        version.set(1);
-        sequence.advance();
+        set.write();
         assert!(!lookup(2, 0) && !lookup(1, 0) && lookup(2, 0));
     }
 
